@@ -1,0 +1,286 @@
+"""Actor (rollout) worker: steps `--num_envs_per_worker` envs in `--worker_num_splits` groups.
+
+Each split writes observations straight into its trajectory slots, asks the inference worker of each
+policy acting in it for actions (a message of three integers), and steps again when the answers come
+back; meanwhile the other splits step (double buffering). After `--rollout` steps the filled slots go
+to the learners and fresh slots come from this worker's private free list. This module never imports
+torch: it sees the shared buffers as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+from faster_fifo import Empty
+
+from appo.buffers import Layout, SamplerState, TrajBuffers
+from envs import make_env
+from utils.logs import log
+from utils.process import init_worker
+from utils.timing import Timing
+
+REPORT_INTERVAL_S = 1.0
+
+
+class Split:
+    """One group of envs that step together; `t` is the step index inside the current trajectory."""
+
+    def __init__(self, envs: list[gym.Env]):
+        self.envs = envs
+        self.t = 0
+        self.pending = 0  # inference answers still awaited
+        n = len(envs)
+        self.episode_reward = np.zeros(n, dtype=np.float64)
+        self.episode_len = np.zeros(n, dtype=np.int64)
+
+
+class ActorWorker:
+    def __init__(self, cfg, layout: Layout, worker: int, traj: TrajBuffers, sampler: SamplerState,
+                 inbox, policy_queues: list, learner_inboxes: list, report_queue):
+        self.cfg, self.layout, self.worker = cfg, layout, worker
+        self.traj, self.sampler = traj, sampler
+        self.inbox, self.policy_queues = inbox, policy_queues
+        self.learner_inboxes, self.report_queue = learner_inboxes, report_queue
+        self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 1000 * worker)
+        self.free_slots: deque[int] = deque(layout.worker_slots(worker))
+        self.slot_refs = np.zeros(layout.num_slots, dtype=np.int64)  # learners still holding a slot
+        self.deferred: list = []  # answers that arrived while this worker waited for slots
+        self.timing = Timing()
+        self.env_steps = 0
+        self.env_errors = 0
+        self.finished_episodes: list[tuple[int, float, int]] = []
+        self.splits: list[Split] = []
+        self.last_report = time.monotonic()
+        self.action_space: gym.Space | None = None
+
+    # ---------------------------------------------------------------- set-up
+    def _env_seed(self, split: int, index: int) -> int | None:
+        if self.cfg.seed is None:
+            return None
+        return self.cfg.seed + (self.worker * self.layout.num_splits + split) * self.layout.agents_per_split + index
+
+    def _first_obs(self, split: int, index: int, env: gym.Env) -> np.ndarray:
+        obs, _ = env.reset(seed=self._env_seed(split, index))
+        if self.cfg.decorrelate_envs_on_one_worker:
+            max_steps = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
+            env.action_space.seed(int(self.rng.integers(2**31)))
+            for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
+                obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                if terminated or truncated:
+                    obs, _ = env.reset()
+                    break
+        return obs
+
+    def init_envs(self) -> None:
+        sampler, traj = self.sampler, self.traj
+        for s in range(self.layout.num_splits):
+            envs = [make_env(self.cfg.env) for _ in range(self.layout.agents_per_split)]
+            split = Split(envs)
+            self.splits.append(split)
+            slots = self._take_slots(len(envs))
+            sampler.cur_slot[self.worker, s] = slots
+            sampler.agent_policy[self.worker, s] = self._draw_policies(len(envs))
+            for i, env in enumerate(envs):
+                traj.obs[slots[i], 0] = self._first_obs(s, i, env)
+            traj.rnn_states[slots, 0] = 0.0
+        self.action_space = self.splits[0].envs[0].action_space
+
+    def _draw_policies(self, n: int) -> np.ndarray:
+        return self.rng.integers(0, self.cfg.num_policies, size=n, dtype=np.int16)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> None:
+        self.init_envs()
+        self.report_queue.put(("ready", f"actor_{self.worker}"))
+        if self.cfg.decorrelate_experience_max_seconds > 0:
+            time.sleep(self.rng.uniform(0, self.cfg.decorrelate_experience_max_seconds))
+        for s in range(len(self.splits)):
+            self._request_actions(s)
+        while not self.sampler.stop[0]:
+            if self.deferred:
+                messages, self.deferred = self.deferred, []
+            else:
+                with self.timing.time("wait_actions"):
+                    messages = self._get_messages()
+            for message in messages:
+                self._handle(message)
+            self._maybe_report()
+        self._report()
+        for split in self.splits:
+            for env in split.envs:
+                env.close()
+
+    def _get_messages(self) -> list:
+        try:
+            return self.inbox.get_many(timeout=0.1)
+        except Empty:
+            return []
+
+    def _handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "act":
+            split = self.splits[message[1]]
+            split.pending -= 1
+            if split.pending == 0:
+                self._step_split(message[1])
+        elif kind == "release":
+            self._release(message[1])
+
+    # ---------------------------------------------------------------- stepping
+    def _step_split(self, s: int) -> None:
+        split, traj, cfg = self.splits[s], self.traj, self.cfg
+        t = split.t
+        slots = self.sampler.cur_slot[self.worker, s].copy()
+        actions = traj.actions[slots, t]
+        if isinstance(self.action_space, gym.spaces.Box):
+            actions = np.clip(actions, self.action_space.low, self.action_space.high)
+        n = len(split.envs)
+        raw_rewards = np.zeros(n, dtype=np.float32)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        with self.timing.time("env_step"):
+            for i, env in enumerate(split.envs):
+                try:
+                    obs, raw_rewards[i], terminated[i], truncated[i], _ = env.step(actions[i])
+                    if terminated[i] or truncated[i]:
+                        obs, _ = env.reset()
+                except Exception:
+                    obs = self._rebuild_env(s, i)
+                    terminated[i] = True
+                traj.obs[slots[i], t + 1] = obs
+        dones = terminated | truncated
+        self._account_episodes(s, raw_rewards, dones)
+
+        rewards = np.clip(raw_rewards * cfg.reward_scale, -cfg.reward_clip, cfg.reward_clip)
+        if cfg.value_bootstrap:
+            # A time limit is not death: credit the value of the state the episode was cut in.
+            rewards += cfg.gamma * traj.values[slots, t] * (truncated & ~terminated)
+        traj.rewards[slots, t] = rewards
+        traj.dones[slots, t] = dones
+        if cfg.use_rnn:
+            traj.rnn_states[slots[dones], t + 1] = 0.0
+        self.env_steps += n
+
+        split.t = t + 1
+        if split.t == self.layout.rollout:
+            self._finish_rollout(s)
+            split.t = 0
+        if dones.any() and cfg.num_policies > 1:
+            policies = self.sampler.agent_policy[self.worker, s]
+            policies[dones] = self._draw_policies(int(dones.sum()))
+        self._request_actions(s)
+
+    def _rebuild_env(self, s: int, i: int) -> np.ndarray:
+        """An env that raised loses its episode, not the worker: log it, build it anew, reset."""
+        self.env_errors += 1
+        log.warning("actor %d: env %d of split %d raised; rebuilding it:\n%s", self.worker, i, s,
+                    traceback.format_exc())
+        try:
+            self.splits[s].envs[i].close()
+        except Exception:
+            pass
+        env = make_env(self.cfg.env)
+        self.splits[s].envs[i] = env
+        obs, _ = env.reset()
+        return obs
+
+    def _account_episodes(self, s: int, raw_rewards: np.ndarray, dones: np.ndarray) -> None:
+        split = self.splits[s]
+        split.episode_reward += raw_rewards
+        split.episode_len += 1
+        if dones.any():
+            policies = self.sampler.agent_policy[self.worker, s]
+            for i in np.flatnonzero(dones):
+                self.finished_episodes.append((int(policies[i]), float(split.episode_reward[i]),
+                                               int(split.episode_len[i])))
+            split.episode_reward[dones] = 0.0
+            split.episode_len[dones] = 0
+
+    def _request_actions(self, s: int) -> None:
+        slots = self.sampler.cur_slot[self.worker, s]
+        policies = self.sampler.agent_policy[self.worker, s]
+        t = self.splits[s].t
+        self.traj.policy_ids[slots, t] = policies
+        acting = np.unique(policies) if self.cfg.num_policies > 1 else (0,)
+        self.splits[s].pending = len(acting)
+        for policy in acting:
+            self.policy_queues[policy].put(("obs", self.worker, s, t))
+
+    # ---------------------------------------------------------------- trajectory slots
+    def _finish_rollout(self, s: int) -> None:
+        """Hand the filled slots to the learners, then move the split onto fresh slots."""
+        traj, rollout = self.traj, self.layout.rollout
+        filled = self.sampler.cur_slot[self.worker, s].copy()
+        if self.cfg.num_policies == 1:
+            self.slot_refs[filled] = 1
+            self.learner_inboxes[0].put(("traj", filled.tolist()))
+        else:
+            present = [np.unique(traj.policy_ids[slot]) for slot in filled]
+            for slot, policies in zip(filled, present):
+                self.slot_refs[slot] = len(policies)
+            for policy in range(self.cfg.num_policies):
+                mine = [int(slot) for slot, policies in zip(filled, present) if policy in policies]
+                if mine:
+                    self.learner_inboxes[policy].put(("traj", mine))
+
+        fresh = self._wait_for_slots(len(filled), s)
+        if fresh is None:  # stopping: nothing more will be learned from this split
+            return
+        traj.obs[fresh, 0] = traj.obs[filled, rollout]
+        traj.rnn_states[fresh, 0] = traj.rnn_states[filled, rollout]
+        self.sampler.cur_slot[self.worker, s] = fresh
+
+    def _wait_for_slots(self, n: int, s: int) -> np.ndarray | None:
+        """Block until n free slots exist and no learner of this split's policies asked for a pause.
+
+        Returns None when the run stops while waiting."""
+        policies = np.unique(self.sampler.agent_policy[self.worker, s])
+        start = time.perf_counter()
+        while len(self.free_slots) < n or self.sampler.pause_collection[policies].any():
+            if self.sampler.stop[0]:
+                return None
+            for message in self._get_messages():
+                if message[0] == "release":
+                    self._release(message[1])
+                else:
+                    self.deferred.append(message)
+            self._maybe_report()
+        self.timing.add("wait_buffers", time.perf_counter() - start)
+        return self._take_slots(n)
+
+    def _take_slots(self, n: int) -> np.ndarray:
+        return np.array([self.free_slots.popleft() for _ in range(n)], dtype=np.int64)
+
+    def _release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.slot_refs[slot] -= 1
+            if self.slot_refs[slot] == 0:
+                self.free_slots.append(slot)
+
+    # ---------------------------------------------------------------- reporting
+    def _maybe_report(self) -> None:
+        if time.monotonic() - self.last_report > REPORT_INTERVAL_S:
+            self._report()
+
+    def _report(self) -> None:
+        self.last_report = time.monotonic()
+        self.report_queue.put(("actor", self.worker, {
+            "env_steps": self.env_steps,
+            "episodes": self.finished_episodes,
+            "timing": self.timing.take(),
+            "env_errors": self.env_errors,
+        }))
+        self.env_steps = 0
+        self.env_errors = 0
+        self.finished_episodes = []
+
+
+def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, policy_queues, learner_inboxes,
+                     report_queue) -> None:
+    cpu = worker if cfg.set_workers_cpu_affinity else None
+    init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread)
+    ActorWorker(cfg, layout, worker, traj, sampler, inbox, policy_queues, learner_inboxes, report_queue).run()

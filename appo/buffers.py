@@ -1,0 +1,201 @@
+"""Preallocated shared-memory buffers: trajectories, sampler control arrays, per-policy counters.
+
+All bulk data lives in anonymous shared mappings created by the runner before it forks the workers,
+so every process sees the same memory, nothing is pickled on the hot path, and no `/dev/shm` entry
+exists to leak. Actor workers use the numpy views; inference and learner wrap the same memory as
+torch tensors without copies (`torch_views`).
+
+Trajectory slot layout (`num_slots` slots, `T = --rollout`):
+
+    obs             [slot, T+1, *obs_shape]   step T is the bootstrap observation
+    rnn_states      [slot, T+1, rnn_size]     state *before* each step (zeroed after an episode end)
+    actions         [slot, T, *action_shape]
+    log_probs       [slot, T]                 behaviour policy log-probability of the action
+    values          [slot, T]                 behaviour value estimate
+    rewards, dones  [slot, T]
+    policy_versions [slot, T]                 version of the weights that chose the action
+    policy_ids      [slot, T]                 which policy acted (agents are re-mapped per episode)
+
+Slots belong to actor workers in contiguous ranges, `slots_per_worker` each; a worker's free list
+is private to it and learners hand slots back with a message once they copied them.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+from dataclasses import dataclass
+
+import _posixshmem  # CPython's POSIX shm_open/shm_unlink, used by multiprocessing.shared_memory itself
+
+import gymnasium as gym
+import numpy as np
+
+
+def shared_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """A zero-filled numpy array in an anonymous MAP_SHARED mapping, shared with forked children."""
+    dtype = np.dtype(dtype)
+    nbytes = max(1, math.prod(shape) * dtype.itemsize)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(memory, dtype=dtype, count=math.prod(shape)).reshape(shape)
+
+
+def action_layout(action_space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
+    if isinstance(action_space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64)
+    if isinstance(action_space, gym.spaces.Box):
+        return tuple(action_space.shape), np.dtype(np.float32)
+    raise TypeError(f"unsupported action space {action_space}; use Discrete or Box")
+
+
+def obs_layout(obs_space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise TypeError(f"unsupported observation space {obs_space}; use Box")
+    dtype = np.dtype(np.uint8) if obs_space.dtype == np.uint8 else np.dtype(np.float32)
+    return tuple(obs_space.shape), dtype
+
+
+def rnn_size(cfg) -> int:
+    """Floats of recurrent state per agent (LSTM keeps h and c); 1 placeholder for feed-forward models."""
+    if not cfg.use_rnn:
+        return 1
+    return cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes every process derives identically from the cfg and the env spaces."""
+
+    num_workers: int
+    num_splits: int
+    agents_per_split: int  # env-agents stepped together in one split
+    rollout: int
+    slots_per_worker: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    action_shape: tuple[int, ...]
+    action_dtype: np.dtype
+    rnn_size: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_workers * self.slots_per_worker
+
+    @staticmethod
+    def from_cfg(cfg, obs_space: gym.Space, action_space: gym.Space, num_agents: int = 1) -> Layout:
+        agents_per_worker = cfg.num_envs_per_worker * num_agents
+        # Enough slots for every env-agent to fill one while earlier ones wait at the learners: a full
+        # iteration plus the backlog a learner may accumulate before it pauses the actors.
+        minibatches = cfg.num_batches_per_iteration + cfg.num_minibatches_to_accumulate
+        backlog = cfg.num_policies * minibatches * cfg.batch_size // cfg.rollout
+        slots_per_worker = max(
+            cfg.min_traj_buffers_per_worker * agents_per_worker,
+            agents_per_worker + math.ceil(backlog / cfg.num_workers),
+        )
+        obs_shape, obs_dtype = obs_layout(obs_space)
+        action_shape, action_dtype = action_layout(action_space)
+        return Layout(
+            num_workers=cfg.num_workers,
+            num_splits=cfg.worker_num_splits,
+            agents_per_split=agents_per_worker // cfg.worker_num_splits,
+            rollout=cfg.rollout,
+            slots_per_worker=slots_per_worker,
+            obs_shape=obs_shape,
+            obs_dtype=obs_dtype,
+            action_shape=action_shape,
+            action_dtype=action_dtype,
+            rnn_size=rnn_size(cfg),
+        )
+
+    def worker_slots(self, worker: int) -> range:
+        return range(worker * self.slots_per_worker, (worker + 1) * self.slots_per_worker)
+
+    def worker_of_slot(self, slot: int) -> int:
+        return slot // self.slots_per_worker
+
+
+class TrajBuffers:
+    """The trajectory slots (see module docstring), one shared array per field."""
+
+    FIELDS = ("obs", "rnn_states", "actions", "log_probs", "values", "rewards", "dones",
+              "policy_versions", "policy_ids")
+
+    def __init__(self, layout: Layout):
+        n, t = layout.num_slots, layout.rollout
+        self.obs = shared_array((n, t + 1, *layout.obs_shape), layout.obs_dtype)
+        self.rnn_states = shared_array((n, t + 1, layout.rnn_size), np.float32)
+        self.actions = shared_array((n, t, *layout.action_shape), layout.action_dtype)
+        self.log_probs = shared_array((n, t), np.float32)
+        self.values = shared_array((n, t), np.float32)
+        self.rewards = shared_array((n, t), np.float32)
+        self.dones = shared_array((n, t), np.uint8)
+        self.policy_versions = shared_array((n, t), np.int64)
+        self.policy_ids = shared_array((n, t), np.int16)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def torch_views(self) -> dict:
+        """The same memory as torch tensors (no copy); only called in processes that use torch."""
+        import torch
+
+        return {name: torch.from_numpy(array) for name, array in self.arrays().items()}
+
+
+class SamplerState:
+    """Small control arrays shared by actors, inference workers and learners.
+
+    `cur_slot[w, s, j]` is the slot env-agent j of split s of worker w is filling; `agent_policy` is the
+    policy acting for it this episode. Inference workers read both to find where a request's
+    observations are and where to write the actions.
+    """
+
+    def __init__(self, layout: Layout, num_policies: int):
+        shape = (layout.num_workers, layout.num_splits, layout.agents_per_split)
+        self.cur_slot = shared_array(shape, np.int64)
+        self.agent_policy = shared_array(shape, np.int16)
+        # Published weight version per policy; -1 until the learner has published its first weights.
+        self.policy_version = shared_array((num_policies,), np.int64)
+        self.policy_version[:] = -1
+        # Seqlock counter guarding the weights buffer (odd while the learner is writing).
+        self.weights_seq = shared_array((num_policies,), np.int64)
+        # Set by the runner to stop every process.
+        self.stop = shared_array((1,), np.uint8)
+        # 1 while the learner of a policy has too much unprocessed experience.
+        self.pause_collection = shared_array((num_policies,), np.uint8)
+
+
+# Named segments exist only for published weights, whose size only the learner (torch) knows. They
+# are used without multiprocessing.shared_memory, whose resource tracker would start an extra process
+# in each worker; the runner, which names them, unlinks them at shutdown.
+
+
+def weights_segment_name(run_token: str, policy_id: int) -> str:
+    """Name of the segment a learner publishes its weights in (see appo.weights)."""
+    return f"/appo_{run_token}_p{policy_id}"
+
+
+def create_segment(name: str, nbytes: int) -> mmap.mmap:
+    fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def attach_segment(name: str) -> mmap.mmap:
+    fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def unlink_segment(name: str) -> None:
+    """Remove a segment if it exists."""
+    try:
+        _posixshmem.shm_unlink(name)
+    except FileNotFoundError:
+        pass

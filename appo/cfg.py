@@ -1,0 +1,261 @@
+"""Command-line flags, their validation, and the experiment's saved `cfg.json`.
+
+Every flag has a one- or two-sentence `--help` text. Bad values end the program with one line naming
+the flag and what would be valid (`ConfigError`), before anything is written to the experiment dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+class ConfigError(Exception):
+    """A user-facing configuration problem; its message is printed as one line."""
+
+
+def str2bool(value: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = value.lower()
+    if lowered in ("true", "1", "yes", "y", "t"):
+        return True
+    if lowered in ("false", "0", "no", "n", "f"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus error; users asked for one clear line instead."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(
+        prog="python -m appo.train",
+        description="Asynchronous PPO: actor workers, batched inference workers and one learner per policy.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = p.add_argument
+
+    g = p.add_argument_group("experiment")
+    add = g.add_argument
+    add("--env", type=str, required=True,
+        help="Environment id: anything gymnasium.make accepts, including 'package.module:EnvName-v0'.")
+    add("--experiment", type=str, default="default_experiment",
+        help="Experiment name; all outputs go to <train_dir>/<experiment>/.")
+    add("--train_dir", type=str, default="train_dir", help="Folder that holds experiment folders.")
+    add("--restart", type=str2bool, default=False,
+        help="Start the experiment over instead of resuming from its latest checkpoint.")
+    add("--seed", type=int, default=None,
+        help="Seeds weights, env resets and action sampling; the first policy version is then repeatable.")
+    add("--device", type=str, default="auto",
+        help="Where inference and learning run: cpu, cuda, cuda:N, or auto (cuda when available).")
+
+    g = p.add_argument_group("sampling")
+    add = g.add_argument
+    add("--num_workers", type=int, default=2, help="Number of actor (rollout) worker processes.")
+    add("--num_envs_per_worker", type=int, default=16, help="Environments stepped by each actor worker.")
+    add("--worker_num_splits", type=int, default=2,
+        help="Groups of envs per worker: one group steps while the other waits for actions (double buffering).")
+    add("--num_policies", type=int, default=1,
+        help="Number of policies trained together; each agent is mapped to a random policy per episode.")
+    add("--policy_workers_per_policy", type=int, default=1,
+        help="Inference worker processes per policy; each batches all pending requests into one forward pass.")
+    add("--rollout", type=int, default=32, help="Steps per trajectory sent from actors to the learner.")
+    add("--min_traj_buffers_per_worker", type=int, default=2,
+        help="Trajectory slots per env per worker; more slots let actors run ahead of the learner.")
+    add("--decorrelate_experience_max_seconds", type=float, default=0.0,
+        help="Each worker waits up to this many seconds before sampling so workers do not move in lockstep.")
+    add("--decorrelate_envs_on_one_worker", type=str2bool, default=True,
+        help="Take random actions for a random number of steps after the first reset of each env.")
+    add("--set_workers_cpu_affinity", type=str2bool, default=True,
+        help="Pin each actor worker to one CPU core (round robin).")
+    add("--force_envs_single_thread", type=str2bool, default=True,
+        help="Limit BLAS/OpenMP threads in actor workers to one, so envs do not oversubscribe the cores.")
+    add("--reset_timeout_seconds", type=float, default=120.0,
+        help="Fail the run if an actor worker cannot create and reset its envs within this many seconds.")
+    add("--default_niceness", type=int, default=0, help="Niceness (Unix priority) of the worker processes.")
+    add("--max_policy_lag", type=int, default=100,
+        help="Trajectories collected by a policy more than this many versions old are dropped and counted.")
+
+    g = p.add_argument_group("model")
+    add = g.add_argument
+    add("--hidden_size", type=int, default=64, help="Width of the MLP encoder layers and of the RNN core.")
+    add("--mlp_layers", type=int, default=2, help="Number of hidden layers in the MLP encoder.")
+    add("--use_rnn", type=str2bool, default=False, help="Use a recurrent core after the encoder.")
+    add("--rnn_type", type=str, default="gru", choices=["gru", "lstm"], help="Recurrent core type.")
+    add("--recurrence", type=int, default=-1,
+        help="Back-propagation through time length; must divide --rollout. -1: --rollout with RNN, else 1.")
+
+    g = p.add_argument_group("learning")
+    add = g.add_argument
+    add("--batch_size", type=int, default=1024, help="Samples (env steps) per SGD minibatch.")
+    add("--num_batches_per_iteration", type=int, default=2,
+        help="Minibatches per training iteration; an iteration uses batch_size * this many fresh samples.")
+    add("--ppo_epochs", type=int, default=2, help="Passes over each iteration's samples.")
+    add("--num_minibatches_to_accumulate", type=int, default=2,
+        help="When more minibatches than this wait at a learner, actors pause collecting for that policy.")
+    add("--ppo_clip_ratio", type=float, default=0.1,
+        help="PPO clip e: the ratio is clipped to [1/(1+e), 1+e].")
+    add("--ppo_clip_value", type=float, default=1.0,
+        help="Value updates are clipped to this distance from the values at collection time.")
+    add("--with_vtrace", type=str2bool, default=False,
+        help="Use V-trace targets and advantages (off-policy corrected) instead of GAE.")
+    add("--vtrace_rho", type=float, default=1.0, help="V-trace rho-bar: clip of importance weights in targets.")
+    add("--vtrace_c", type=float, default=1.0, help="V-trace c-bar: clip of the trace-cutting coefficients.")
+    add("--gae_lambda", type=float, default=0.95, help="GAE lambda (used when --with_vtrace=False).")
+    add("--gamma", type=float, default=0.99, help="Discount factor.")
+    add("--normalize_advantage", type=str2bool, default=True,
+        help="Normalise advantages to zero mean and unit std within each minibatch.")
+    add("--value_bootstrap", type=str2bool, default=True,
+        help="On time-limit truncation add gamma * V(s) to the last reward instead of treating it as death.")
+    add("--reward_scale", type=float, default=0.1,
+        help="Rewards are multiplied by this before learning; keeps value targets near 1-10 so the value loss "
+             "does not dominate the clipped gradient.")
+    add("--reward_clip", type=float, default=1000.0, help="Scaled rewards are clipped to [-x, x].")
+    add("--learning_rate", type=float, default=1e-3, help="Adam learning rate.")
+    add("--adam_eps", type=float, default=1e-6, help="Adam epsilon.")
+    add("--adam_beta1", type=float, default=0.9, help="Adam beta1.")
+    add("--adam_beta2", type=float, default=0.999, help="Adam beta2.")
+    add("--max_grad_norm", type=float, default=4.0, help="Gradient norm clipping; 0 disables it.")
+    add("--exploration_loss", type=str, default="entropy", choices=["entropy", "symmetric_kl"],
+        help="Exploration bonus: policy entropy, or symmetric KL to a uniform/standard-normal prior.")
+    add("--exploration_loss_coeff", type=float, default=0.003, help="Weight of the exploration loss.")
+    add("--value_loss_coeff", type=float, default=0.5, help="Weight of the value loss.")
+
+    g = p.add_argument_group("stopping, checkpoints and reporting")
+    add = g.add_argument
+    add("--train_for_env_steps", type=int, default=10_000_000_000, help="Stop after this many env steps.")
+    add("--train_for_seconds", type=float, default=10_000_000_000,
+        help="Stop after this many seconds of this session.")
+    add("--target_reward", type=float, default=None,
+        help="Stop (and mark done) once a policy's mean reward over the last --stats_avg episodes reaches this.")
+    add("--save_every_sec", type=float, default=120.0, help="Seconds between periodic checkpoints.")
+    add("--keep_checkpoints", type=int, default=3, help="Checkpoints kept per policy; older ones are deleted.")
+    add("--experiment_summaries_interval", type=float, default=10.0,
+        help="Seconds between tensorboard summary writes.")
+    add("--report_interval", type=float, default=5.0, help="Seconds between printed status lines.")
+    add("--stats_avg", type=int, default=100, help="Episodes averaged in reported mean reward and length.")
+    return p
+
+
+# Flags that must be positive integers (a count of something).
+POSITIVE_INTS = [
+    "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies", "policy_workers_per_policy",
+    "rollout", "min_traj_buffers_per_worker", "hidden_size", "batch_size", "num_batches_per_iteration",
+    "ppo_epochs", "num_minibatches_to_accumulate", "keep_checkpoints", "stats_avg", "train_for_env_steps",
+]
+POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
+                   "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds"]
+# Flags that describe the model or the data layout; they must not change when resuming.
+ARCHITECTURE_FLAGS = ["env", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies"]
+
+
+def validate(cfg: argparse.Namespace) -> None:
+    for name in POSITIVE_INTS:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(cfg, name)}: must be a positive integer")
+    for name in POSITIVE_FLOATS:
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"--{name}={getattr(cfg, name)}: must be positive")
+    if cfg.mlp_layers < 0:
+        raise ConfigError(f"--mlp_layers={cfg.mlp_layers}: must be 0 or more")
+    if cfg.num_envs_per_worker % cfg.worker_num_splits != 0:
+        raise ConfigError(
+            f"--num_envs_per_worker={cfg.num_envs_per_worker} is not divisible by "
+            f"--worker_num_splits={cfg.worker_num_splits}; use a multiple of it"
+        )
+    if cfg.batch_size % cfg.rollout != 0:
+        raise ConfigError(f"--batch_size={cfg.batch_size} must be a multiple of --rollout={cfg.rollout}")
+    if cfg.recurrence != -1 and (cfg.recurrence <= 0 or cfg.rollout % cfg.recurrence != 0):
+        raise ConfigError(f"--recurrence={cfg.recurrence} must be -1 or a positive divisor of --rollout={cfg.rollout}")
+    if not cfg.use_rnn and cfg.recurrence not in (-1, 1):
+        raise ConfigError(f"--recurrence={cfg.recurrence} needs --use_rnn=True (feed-forward models use 1)")
+    if not 0.0 <= cfg.gae_lambda <= 1.0:
+        raise ConfigError(f"--gae_lambda={cfg.gae_lambda}: must be within [0, 1]")
+    if cfg.gamma > 1.0:
+        raise ConfigError(f"--gamma={cfg.gamma}: must be within (0, 1]")
+    if cfg.ppo_clip_ratio <= 0 or cfg.ppo_clip_value <= 0:
+        raise ConfigError("--ppo_clip_ratio and --ppo_clip_value must be positive")
+    if cfg.max_policy_lag < 0:
+        raise ConfigError(f"--max_policy_lag={cfg.max_policy_lag}: must be 0 or more")
+    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
+        raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
+    for name in ("experiment",):
+        value = getattr(cfg, name)
+        if not value or os.sep in value or value in (".", ".."):
+            raise ConfigError(f"--{name}={value!r}: must be a plain folder name")
+
+
+def resolve(cfg: argparse.Namespace) -> argparse.Namespace:
+    """Fill in values that depend on other flags (documented as -1 / auto in --help)."""
+    if cfg.recurrence == -1:
+        cfg.recurrence = cfg.rollout if cfg.use_rnn else 1
+    return cfg
+
+
+def explicit_flags(argv: list[str]) -> set[str]:
+    """Names of the flags the user typed on the command line (for resume overrides)."""
+    names = set()
+    for token in argv:
+        if token.startswith("--"):
+            names.add(token[2:].split("=", 1)[0])
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[str]]:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = build_parser().parse_args(argv)
+    validate(cfg)
+    return cfg, explicit_flags(argv)
+
+
+def experiment_dir(cfg: argparse.Namespace) -> str:
+    return os.path.join(cfg.train_dir, cfg.experiment)
+
+
+def load_saved_cfg(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: corrupt or unreadable cfg.json ({exc}); fix it or pass --restart=True") from exc
+    if not isinstance(saved, dict) or "env" not in saved:
+        raise ConfigError(f"{path}: corrupt cfg.json (not a flag dictionary); fix it or pass --restart=True")
+    return saved
+
+
+def merge_resumed(cfg: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> tuple[argparse.Namespace, list[str]]:
+    """Saved flags win unless given again on the command line; returns the merged cfg and override notes."""
+    merged = vars(cfg).copy()
+    notes = []
+    for key, saved_value in saved.items():
+        if key not in merged:
+            continue
+        if key in given:
+            if merged[key] != saved_value:
+                notes.append(f"--{key}: {saved_value!r} (saved) -> {merged[key]!r} (command line)")
+        else:
+            merged[key] = saved_value
+    merged_cfg = argparse.Namespace(**merged)
+    for key in ARCHITECTURE_FLAGS:
+        if key in saved and saved[key] != merged[key]:
+            raise ConfigError(
+                f"--{key}={merged[key]!r} differs from the saved experiment ({saved[key]!r}); "
+                "it cannot change on resume, pass --restart=True or use another --experiment"
+            )
+    validate(merged_cfg)
+    return merged_cfg, notes
+
+
+def save_cfg(cfg: argparse.Namespace, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(vars(cfg), f, indent=2, sort_keys=True)
+    os.replace(tmp, path)

@@ -1,0 +1,118 @@
+"""Inference (policy) worker: one batched forward pass over every pending request of its policy.
+
+A request `("obs", worker, split, t)` says: the env-agents of that split acting for this policy have
+their observation at step t of their current slots. The worker gathers all of them, runs the model
+once, writes actions, log-probs, values, versions and next RNN states into the same slots, and tells
+each actor that its split may step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from faster_fifo import Empty
+
+from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.model import ActorCritic
+from appo.weights import WeightsSubscriber
+from utils.process import init_worker
+from utils.timing import Timing
+
+REPORT_INTERVAL_S = 1.0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class InferenceWorker:
+    def __init__(self, cfg, layout: Layout, spaces, policy_id: int, index: int, traj: TrajBuffers,
+                 sampler: SamplerState, request_queue, actor_inboxes: list, report_queue, weights_name: str):
+        self.cfg, self.layout, self.policy_id, self.index = cfg, layout, policy_id, index
+        self.sampler, self.request_queue = sampler, request_queue
+        self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
+        self.device = resolve_device(cfg.device)
+        self.traj = traj.torch_views()
+        self.model = ActorCritic(*spaces, cfg).to(self.device).eval()
+        self.weights = WeightsSubscriber(self.model, weights_name, sampler, policy_id)
+        self.generator = torch.Generator(self.device)
+        if cfg.seed is not None:
+            self.generator.manual_seed(cfg.seed + 7919 * (policy_id * cfg.policy_workers_per_policy + index))
+        else:
+            self.generator.seed()
+        self.timing = Timing()
+        self.samples = 0
+        self.batches = 0
+
+    def run(self) -> None:
+        self.weights.update()
+        self.report_queue.put(("ready", f"inference_p{self.policy_id}_{self.index}"))
+        last_report = time.monotonic()
+        while not self.sampler.stop[0]:
+            with self.timing.time("wait"):
+                try:
+                    requests = self.request_queue.get_many(timeout=0.1)
+                except Empty:
+                    requests = []
+            if requests:
+                with self.timing.time("weights"):
+                    self.weights.update()
+                with self.timing.time("forward"):
+                    self._serve(requests)
+            if time.monotonic() - last_report > REPORT_INTERVAL_S:
+                self._report()
+                last_report = time.monotonic()
+        self._report()
+
+    def _locate(self, requests: list) -> tuple[np.ndarray, np.ndarray]:
+        """Slot and step index of every env-agent of this policy named by the requests."""
+        slots, steps = [], []
+        for _, worker, split, t in requests:
+            split_slots = self.sampler.cur_slot[worker, split]
+            if self.cfg.num_policies > 1:
+                split_slots = split_slots[self.sampler.agent_policy[worker, split] == self.policy_id]
+            slots.append(split_slots)
+            steps.append(np.full(len(split_slots), t, dtype=np.int64))
+        return np.concatenate(slots), np.concatenate(steps)
+
+    @torch.no_grad()
+    def _serve(self, requests: list) -> None:
+        slots_np, steps_np = self._locate(requests)
+        slots, steps = torch.from_numpy(slots_np), torch.from_numpy(steps_np)
+        traj, device = self.traj, self.device
+        obs = traj["obs"][slots, steps].to(device, non_blocking=True)
+        rnn_states = traj["rnn_states"][slots, steps].to(device, non_blocking=True)
+        params, values, next_rnn_states = self.model.forward_step(obs, rnn_states)
+        dist = self.model.distribution(params)
+        actions = dist.sample(self.generator)
+        log_probs = dist.log_prob(actions)
+
+        traj["actions"][slots, steps] = actions.to("cpu", traj["actions"].dtype)
+        traj["log_probs"][slots, steps] = log_probs.cpu()
+        traj["values"][slots, steps] = values.cpu()
+        traj["policy_versions"][slots, steps] = self.weights.version
+        if self.cfg.use_rnn:
+            traj["rnn_states"][slots, steps + 1] = next_rnn_states.cpu()
+
+        for _, worker, split, _ in requests:
+            self.actor_inboxes[worker].put(("act", split))
+        self.samples += len(slots_np)
+        self.batches += 1
+
+    def _report(self) -> None:
+        self.report_queue.put(("inference", self.policy_id, {
+            "samples": self.samples, "batches": self.batches, "timing": self.timing.take(),
+        }))
+        self.samples = self.batches = 0
+
+
+def run_inference_worker(cfg, layout, spaces, policy_id, index, traj, sampler, request_queue, actor_inboxes,
+                         report_queue, weights_name) -> None:
+    init_worker(cfg, cpu=None, single_thread=True)
+    torch.set_num_threads(1)
+    InferenceWorker(cfg, layout, spaces, policy_id, index, traj, sampler, request_queue, actor_inboxes,
+                    report_queue, weights_name).run()

@@ -1,0 +1,266 @@
+"""Learner: one per policy. Trajectories in, PPO epochs, weights out.
+
+Each iteration takes `batch_size * num_batches_per_iteration` samples worth of trajectory slots,
+drops those older than `--max_policy_lag` versions, copies the rest out of shared memory (and hands the
+slots back to their actors at once), computes GAE or V-trace, runs `--ppo_epochs` passes of
+`--num_batches_per_iteration` minibatches, and publishes the new weights with version + 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from faster_fifo import Empty
+from torch import Tensor
+
+from appo import losses
+from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from appo.inference_worker import resolve_device
+from appo.model import ActorCritic
+from appo.weights import WeightsPublisher
+from utils.logs import log
+from utils.process import init_worker
+from utils.timing import Timing
+
+
+def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: dict[str, Tensor],
+               advantages: Tensor | None, targets: Tensor | None) -> dict[str, float]:
+    """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics.
+
+    `mb` holds whole trajectories [n, T]; `old_values` and `bootstrap` come from the value pass made
+    at the start of the iteration. With GAE the advantages and targets are precomputed; with V-trace
+    they are computed here from the current policy's log-probabilities.
+    """
+    params, values = forward_trajectories(model, cfg, mb)
+    dist = model.distribution(params)
+    log_probs = dist.log_prob(mb["actions"])
+    ratio = torch.exp(log_probs - mb["log_probs"])
+    mask = mb.get("mask")
+    if cfg.with_vtrace:
+        targets, advantages = losses.vtrace(
+            mb["log_probs"], log_probs.detach(), mb["rewards"], mb["dones"], values.detach(), mb["bootstrap"],
+            cfg.gamma, cfg.vtrace_rho, cfg.vtrace_c)
+    if cfg.normalize_advantage:
+        advantages = losses.normalize(advantages, mask)
+
+    policy_loss = losses.ppo_policy_loss(ratio, advantages, cfg.ppo_clip_ratio, mask)
+    value_loss = losses.clipped_value_loss(values, mb["old_values"], targets, cfg.ppo_clip_value, mask)
+    entropy = losses.masked_mean(dist.entropy(), mask)
+    if cfg.exploration_loss == "entropy":
+        exploration_loss = -entropy
+    else:
+        exploration_loss = losses.masked_mean(dist.symmetric_kl_to_prior(), mask)
+    loss = policy_loss + cfg.value_loss_coeff * value_loss + cfg.exploration_loss_coeff * exploration_loss
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.max_grad_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    else:
+        grad_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
+    optimizer.step()
+
+    with torch.no_grad():
+        low, high = 1.0 / (1.0 + cfg.ppo_clip_ratio), 1.0 + cfg.ppo_clip_ratio
+        return {
+            "loss": loss.item(),
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "exploration_loss": exploration_loss.item(),
+            "entropy": entropy.item(),
+            "kl": losses.masked_mean(mb["log_probs"] - log_probs, mask).item(),
+            "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), mask).item(),
+            "grad_norm": float(grad_norm),
+            "values": losses.masked_mean(values, mask).item(),
+            "value_targets": losses.masked_mean(targets, mask).item(),
+        }
+
+
+def forward_trajectories(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Action params [n, T, ...] and values [n, T] of whole trajectories, cut into --recurrence chunks.
+
+    Each chunk starts from the RNN state the actor recorded at that step, so back-propagation runs
+    over at most `recurrence` steps; episode ends inside a chunk reset the state as during collection.
+    """
+    obs, dones = batch["obs"][:, :-1], batch["dones"]
+    n, length = dones.shape
+    r = cfg.recurrence
+    chunks = n * length // r
+    params, values = model.forward_sequence(
+        obs.reshape(chunks, r, *obs.shape[2:]),
+        batch["rnn_states"][:, :-1:r].reshape(chunks, -1),
+        dones.reshape(chunks, r),
+    )
+    return params.reshape(n, length, -1), values.reshape(n, length)
+
+
+@torch.no_grad()
+def value_pass(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Values [n, T] of every step under the current weights, and the bootstrap value [n] after the last."""
+    _, values = forward_trajectories(model, cfg, batch)
+    last_obs = batch["obs"][:, -1:]
+    no_done = torch.zeros(last_obs.shape[:2], device=last_obs.device)
+    _, bootstrap = model.forward_sequence(last_obs, batch["rnn_states"][:, -1], no_done)
+    return values, bootstrap[:, 0]
+
+
+class Learner:
+    def __init__(self, cfg, layout: Layout, spaces, policy_id: int, traj: TrajBuffers, sampler: SamplerState,
+                 inbox, actor_inboxes: list, report_queue, weights_name: str, exp_dir: str):
+        self.cfg, self.layout, self.policy_id = cfg, layout, policy_id
+        self.sampler, self.inbox = sampler, inbox
+        self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
+        self.device = resolve_device(cfg.device)
+        self.traj = traj.torch_views()
+        self.checkpoint_dir = checkpoint_dir(exp_dir, policy_id)
+        if cfg.seed is not None:
+            torch.manual_seed(cfg.seed + policy_id)
+        self.model = ActorCritic(*spaces, cfg).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2))
+        self.version = 0
+        self.env_steps = 0
+        self.train_steps = 0
+        self._load()
+        self.weights = WeightsPublisher(self.model, weights_name, sampler, policy_id)
+        self.trajs_per_iteration = cfg.batch_size * cfg.num_batches_per_iteration // cfg.rollout
+        self.pending: list[int] = []
+        self.timing = Timing()
+        self.stats: dict[str, list[float]] = defaultdict(list)
+        self.dropped = 0
+        self.samples = 0
+
+    # ---------------------------------------------------------------- checkpoints
+    def _load(self) -> None:
+        path = latest_checkpoint(self.checkpoint_dir)
+        if path is None:
+            return
+        state = load_checkpoint(path, self.device)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.env_steps, self.train_steps = state["version"], state["env_steps"], state["train_steps"]
+        log.info("policy %d: resumed from %s (version %d, %d env steps)", self.policy_id, path, self.version,
+                 self.env_steps)
+
+    def save(self) -> None:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "version": self.version, "env_steps": self.env_steps, "train_steps": self.train_steps}
+        save_checkpoint(self.checkpoint_dir, state, self.version, self.env_steps, self.cfg.keep_checkpoints)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> None:
+        self.weights.publish(self.version)
+        self._report()
+        last_save = last_report = time.monotonic()
+        # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
+        backlog_limit = self.trajs_per_iteration + (
+            self.cfg.num_minibatches_to_accumulate * self.cfg.batch_size // self.cfg.rollout)
+        while not self.sampler.stop[0]:
+            with self.timing.time("wait"):
+                try:
+                    for _, slots in self.inbox.get_many(timeout=0.05):
+                        self.pending.extend(slots)
+                except Empty:
+                    pass
+            self.sampler.pause_collection[self.policy_id] = len(self.pending) > backlog_limit
+            if len(self.pending) >= self.trajs_per_iteration:
+                slots = self.pending[:self.trajs_per_iteration]
+                del self.pending[:self.trajs_per_iteration]
+                self.train_iteration(slots)
+            now = time.monotonic()
+            if now - last_save > self.cfg.save_every_sec:
+                self.save()
+                last_save = now
+            if now - last_report > 1.0:
+                self._report()
+                last_report = now
+        self.save()
+        self._report()
+
+    # ---------------------------------------------------------------- training
+    def _collect(self, slots: list[int]) -> dict[str, Tensor] | None:
+        """Copy fresh enough trajectories out of shared memory and return every slot to its actor."""
+        index = torch.tensor(slots, dtype=torch.long)
+        traj = self.traj
+        policy_ids = traj["policy_ids"][index]
+        valid = policy_ids == self.policy_id
+        versions = traj["policy_versions"][index]
+        oldest = torch.where(valid, versions, torch.full_like(versions, self.version)).min(dim=1).values
+        fresh = (self.version - oldest) <= self.cfg.max_policy_lag
+        self.env_steps += int(valid.sum())
+        self.dropped += int((~fresh).sum())
+        keep = index[fresh]
+        batch = None
+        if len(keep) > 0:
+            lags = (self.version - versions[fresh])[valid[fresh]].float()
+            self.stats["lag_min"].append(lags.min().item())
+            self.stats["lag_max"].append(lags.max().item())
+            self.stats["lag_avg"].append(lags.mean().item())
+            batch = {name: traj[name][keep].to(self.device) for name in
+                     ("obs", "rnn_states", "actions", "log_probs", "rewards", "dones")}
+            batch["dones"] = batch["dones"].float()
+            if self.cfg.num_policies > 1:
+                batch["mask"] = valid[fresh].float().to(self.device)
+        self._release(slots)
+        return batch
+
+    def _release(self, slots: list[int]) -> None:
+        by_worker: dict[int, list[int]] = defaultdict(list)
+        for slot in slots:
+            by_worker[self.layout.worker_of_slot(slot)].append(slot)
+        for worker, worker_slots in by_worker.items():
+            self.actor_inboxes[worker].put(("release", worker_slots))
+
+    def train_iteration(self, slots: list[int]) -> None:
+        cfg = self.cfg
+        with self.timing.time("batching"):
+            batch = self._collect(slots)
+        if batch is None:
+            return
+        with self.timing.time("sgd"):
+            values, bootstrap = value_pass(self.model, cfg, batch)
+            batch["old_values"], batch["bootstrap"] = values, bootstrap
+            advantages = targets = None
+            if not cfg.with_vtrace:
+                advantages, targets = losses.gae(batch["rewards"], batch["dones"], values, bootstrap,
+                                                 cfg.gamma, cfg.gae_lambda)
+            n = batch["rewards"].shape[0]
+            num_minibatches = min(cfg.num_batches_per_iteration, n)
+            for _ in range(cfg.ppo_epochs):
+                for mb_index in torch.randperm(n, device=self.device).chunk(num_minibatches):
+                    mb = {name: tensor[mb_index] for name, tensor in batch.items()}
+                    step_stats = train_step(
+                        self.model, self.optimizer, cfg, mb,
+                        None if advantages is None else advantages[mb_index],
+                        None if targets is None else targets[mb_index])
+                    self.train_steps += 1
+                    for key, value in step_stats.items():
+                        self.stats[key].append(value)
+            self.samples += n * cfg.rollout
+            self.version += 1
+            self.weights.publish(self.version)
+
+    def _report(self) -> None:
+        reducers = {"lag_min": np.min, "lag_max": np.max}
+        stats = {key: float(reducers.get(key, np.mean)(values)) for key, values in self.stats.items() if values}
+        stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        self.report_queue.put(("learner", self.policy_id, {
+            "stats": stats, "env_steps": self.env_steps, "version": self.version, "samples": self.samples,
+            "dropped": self.dropped, "train_steps": self.train_steps, "timing": self.timing.take(),
+            "device": str(self.device),
+        }))
+        self.stats.clear()
+        self.samples = 0
+        self.dropped = 0
+
+
+def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inbox, actor_inboxes, report_queue, weights_name,
+                exp_dir) -> None:
+    init_worker(cfg, cpu=None, single_thread=True)
+    torch.set_num_threads(1)
+    Learner(cfg, layout, spaces, policy_id, traj, sampler, inbox, actor_inboxes, report_queue, weights_name,
+            exp_dir).run()

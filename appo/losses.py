@@ -1,0 +1,76 @@
+"""The maths of APPO as small pure functions over [n, T] tensors (n trajectories of T steps).
+
+`dones[:, t] = 1` means the episode ended with the action at step t, so step t+1 is not bootstrapped.
+`bootstrap` [n] is the value of the observation after the last step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return x.mean()
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def gae(rewards: Tensor, dones: Tensor, values: Tensor, bootstrap: Tensor, gamma: float, lam: float
+        ) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation; returns (advantages, value targets = advantages + values)."""
+    advantages = torch.empty_like(values)
+    running = torch.zeros_like(bootstrap)
+    next_value = bootstrap
+    for t in reversed(range(values.shape[1])):
+        not_done = 1.0 - dones[:, t]
+        delta = rewards[:, t] + gamma * not_done * next_value - values[:, t]
+        running = delta + gamma * lam * not_done * running
+        advantages[:, t] = running
+        next_value = values[:, t]
+    return advantages, advantages + values
+
+
+def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tensor, dones: Tensor,
+           values: Tensor, bootstrap: Tensor, gamma: float, rho_bar: float, c_bar: float
+           ) -> tuple[Tensor, Tensor]:
+    """V-trace (Espeholt et al. 2018): returns (value targets v_s, policy-gradient advantages).
+
+    v_s = V(x_s) + sum_t gamma^(t-s) (prod_{i<t} c_i) rho_t (r_t + gamma V(x_t+1) - V(x_t)), computed
+    backwards; advantages are rho_s (r_s + gamma v_{s+1} - V(x_s)).
+    """
+    ratios = torch.exp(target_log_probs - behaviour_log_probs)
+    rhos = ratios.clamp(max=rho_bar)
+    cs = ratios.clamp(max=c_bar)
+    vs = torch.empty_like(values)
+    advantages = torch.empty_like(values)
+    next_value = bootstrap
+    next_vs = bootstrap
+    for t in reversed(range(values.shape[1])):
+        discount = gamma * (1.0 - dones[:, t])
+        delta = rhos[:, t] * (rewards[:, t] + discount * next_value - values[:, t])
+        vs[:, t] = values[:, t] + delta + discount * cs[:, t] * (next_vs - next_value)
+        advantages[:, t] = rhos[:, t] * (rewards[:, t] + discount * next_vs - values[:, t])
+        next_value, next_vs = values[:, t], vs[:, t]
+    return vs, advantages
+
+
+def ppo_policy_loss(ratio: Tensor, advantages: Tensor, clip_ratio: float, mask: Tensor | None = None) -> Tensor:
+    """Clipped surrogate with the symmetric clip range [1/(1+e), 1+e]; a loss to minimise."""
+    clipped = ratio.clamp(1.0 / (1.0 + clip_ratio), 1.0 + clip_ratio)
+    surrogate = torch.min(ratio * advantages, clipped * advantages)
+    return -masked_mean(surrogate, mask)
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, targets: Tensor, clip_value: float,
+                       mask: Tensor | None = None) -> Tensor:
+    """0.5 * max of the plain and the clipped squared error; values move at most clip_value from old_values."""
+    clipped = old_values + (values - old_values).clamp(-clip_value, clip_value)
+    loss = torch.max((values - targets).pow(2), (clipped - targets).pow(2))
+    return 0.5 * masked_mean(loss, mask)
+
+
+def normalize(x: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean).pow(2), mask)
+    return (x - mean) / (var.sqrt() + eps)

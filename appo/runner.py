@@ -1,0 +1,202 @@
+"""The runner (main process): builds shared buffers and queues, starts every worker, aggregates their
+reports, decides when to stop, and always joins its children and removes its shared memory.
+
+The main process never imports torch: workers are forked from it, and only the inference and
+learner processes import torch after the fork (actors stay light, CUDA is never initialised here).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+
+import psutil
+from faster_fifo import Empty, Queue
+
+from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment, weights_segment_name
+from utils.logs import log
+from utils.process import start_component
+
+SHUTDOWN_SECONDS = 8.0
+
+
+@dataclass
+class Outcome:
+    """Why the run stopped; `completed` runs get the `done` marker."""
+
+    reason: str
+    completed: bool
+    failed: bool = False
+
+
+class Runner:
+    def __init__(self, cfg, spaces, exp_dir: str, initial_env_steps: list[int]):
+        from appo.reporting import Reports
+
+        self.cfg, self.spaces, self.exp_dir = cfg, spaces, exp_dir
+        self.layout = Layout.from_cfg(cfg, *spaces)
+        self.traj = TrajBuffers(self.layout)
+        self.sampler = SamplerState(self.layout, cfg.num_policies)
+        self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
+        self.report_queue = Queue(max_size_bytes=10_000_000)
+        self.actor_inboxes = [Queue() for _ in range(cfg.num_workers)]
+        self.policy_queues = [Queue() for _ in range(cfg.num_policies)]
+        self.learner_inboxes = [Queue() for _ in range(cfg.num_policies)]
+        self.reports = Reports(cfg, exp_dir, initial_env_steps)
+        self.processes: list[multiprocessing.Process] = []
+        self.ready: set[str] = set()
+        self.interrupted = False
+        self.last_error: str | None = None
+
+    # ---------------------------------------------------------------- processes
+    def _spawn(self, name: str, module: str, function: str, *args) -> None:
+        context = multiprocessing.get_context("fork")
+        process = context.Process(target=start_component, name=name,
+                                  args=(name, self.report_queue, module, function, *args), daemon=True)
+        process.start()
+        self.processes.append(process)
+
+    def start(self) -> None:
+        cfg, layout = self.cfg, self.layout
+        for p in range(cfg.num_policies):
+            name = weights_segment_name(self.run_token, p)
+            self._spawn(f"learner_p{p}", "appo.learner", "run_learner", cfg, layout, self.spaces, p, self.traj,
+                        self.sampler, self.learner_inboxes[p], self.actor_inboxes, self.report_queue, name,
+                        self.exp_dir)
+            for i in range(cfg.policy_workers_per_policy):
+                self._spawn(f"inference_p{p}_{i}", "appo.inference_worker", "run_inference_worker", cfg, layout,
+                            self.spaces, p, i, self.traj, self.sampler, self.policy_queues[p], self.actor_inboxes,
+                            self.report_queue, name)
+        for w in range(cfg.num_workers):
+            self._spawn(f"actor_{w}", "appo.actor_worker", "run_actor_worker", cfg, layout, w, self.traj,
+                        self.sampler, self.actor_inboxes[w], self.policy_queues, self.learner_inboxes,
+                        self.report_queue)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> Outcome:
+        previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        log.info("Starting %d actor workers x %d envs, %d policies; %d trajectory slots of %d steps",
+                 self.cfg.num_workers, self.cfg.num_envs_per_worker, self.cfg.num_policies,
+                 self.layout.num_slots, self.cfg.rollout)
+        outcome = Outcome("error", completed=False, failed=True)
+        try:
+            self.start()
+            outcome = self._loop()
+        finally:
+            self.shutdown()
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+        self._log_final(outcome)
+        return outcome
+
+    def _on_signal(self, signum, frame) -> None:
+        self.interrupted = True
+
+    def _loop(self) -> Outcome:
+        cfg, reports = self.cfg, self.reports
+        start = time.monotonic()
+        last_status = last_summary = start
+        while True:
+            self._drain_reports(timeout=0.05)
+            reports.tick()
+            now = time.monotonic()
+            outcome = self._check_stop(now - start)
+            if outcome is not None:
+                return outcome
+            if now - last_status >= cfg.report_interval:
+                log.info(reports.status_line())
+                last_status = now
+            if now - last_summary >= cfg.experiment_summaries_interval:
+                reports.write_summaries(self._memory_mb())
+                last_summary = now
+
+    def _drain_reports(self, timeout: float) -> None:
+        try:
+            messages = self.report_queue.get_many(timeout=timeout)
+        except Empty:
+            return
+        for message in messages:
+            kind = message[0]
+            if kind == "actor":
+                self.reports.on_actor(message[2])
+            elif kind == "inference":
+                self.reports.on_inference(message[1], message[2])
+            elif kind == "learner":
+                self.reports.on_learner(message[1], message[2])
+            elif kind == "ready":
+                self.ready.add(message[1])
+            elif kind == "error":
+                self.last_error = f"{message[1]} crashed:\n{message[2]}"
+
+    def _check_stop(self, elapsed: float) -> Outcome | None:
+        cfg, reports = self.cfg, self.reports
+        if self.last_error is not None:
+            return Outcome(self.last_error, completed=False, failed=True)
+        for process in self.processes:
+            if process.exitcode is not None:
+                return Outcome(f"{process.name} exited unexpectedly with code {process.exitcode}",
+                               completed=False, failed=True)
+        actors_ready = sum(name.startswith("actor_") for name in self.ready)
+        if actors_ready < cfg.num_workers and elapsed > cfg.reset_timeout_seconds:
+            return Outcome(f"only {actors_ready} of {cfg.num_workers} actor workers created and reset their envs "
+                           f"within --reset_timeout_seconds={cfg.reset_timeout_seconds}", completed=False,
+                           failed=True)
+        if self.interrupted:
+            return Outcome("interrupted", completed=False)
+        if reports.total_env_steps() >= cfg.train_for_env_steps:
+            return Outcome(f"reached --train_for_env_steps={cfg.train_for_env_steps}", completed=True)
+        if elapsed >= cfg.train_for_seconds:
+            return Outcome(f"reached --train_for_seconds={cfg.train_for_seconds}", completed=True)
+        if cfg.target_reward is not None:
+            policy = reports.solved_policy(cfg.target_reward)
+            if policy is not None:
+                mean_reward = reports.mean_episode(policy)[0]
+                launched = time.time() - psutil.Process().create_time()
+                return Outcome(
+                    f"target reward {cfg.target_reward} reached by policy {policy}: mean {mean_reward:.2f} over "
+                    f"{cfg.stats_avg} episodes, {launched:.1f} s after launch, "
+                    f"{reports.total_env_steps()} env steps", completed=True)
+        return None
+
+    def _memory_mb(self) -> dict[str, float]:
+        memory = {"runner": psutil.Process().memory_info().rss / 2**20}
+        for process in self.processes:
+            try:
+                memory[process.name] = psutil.Process(process.pid).memory_info().rss / 2**20
+            except (psutil.NoSuchProcess, ValueError):
+                pass
+        return memory
+
+    # ---------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Stop everyone (learners save a checkpoint), join with a deadline, free shared memory."""
+        self.sampler.stop[0] = 1
+        deadline = time.monotonic() + SHUTDOWN_SECONDS
+        for process in self.processes:
+            while process.is_alive() and time.monotonic() < deadline:
+                self._drain_reports(timeout=0.0)
+                process.join(timeout=0.05)
+        for process in self.processes:
+            if process.is_alive():
+                log.warning("%s did not stop in time; terminating it", process.name)
+                process.terminate()
+                process.join(timeout=1.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._drain_reports(timeout=0.0)
+        for p in range(self.cfg.num_policies):
+            unlink_segment(weights_segment_name(self.run_token, p))
+        self.reports.write_summaries({})
+        self.reports.close()
+
+    def _log_final(self, outcome: Outcome) -> None:
+        log.info(self.reports.status_line())
+        if outcome.failed:
+            log.error("Run failed: %s", outcome.reason)
+        else:
+            log.info("Stopped: %s", outcome.reason)

@@ -1,0 +1,80 @@
+"""`python -m appo.train --env=CartPole-v1 --experiment=NAME`: train, or resume, an experiment.
+
+Everything that can be wrong with the input (flags, env id, saved cfg.json, checkpoints) is checked
+before the experiment dir is touched; each problem ends the program with one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from appo.buffers import Layout
+from appo.cfg import ConfigError, experiment_dir, load_saved_cfg, merge_resumed, parse_args, resolve, save_cfg
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name, verify_checkpoint
+from envs import EnvError, env_spaces
+from utils.logs import log, setup_logging
+
+EXIT_BAD_INPUT = 2
+
+
+def prepare(cfg: argparse.Namespace, given: set[str]) -> tuple[argparse.Namespace, tuple, list[str], list[int]] | None:
+    """Validate everything, then (re)create the experiment dir. None means: already finished."""
+    exp_dir = experiment_dir(cfg)
+    notes: list[str] = []
+    resuming = not cfg.restart and os.path.exists(os.path.join(exp_dir, "cfg.json"))
+    initial_env_steps = [0] * cfg.num_policies
+    if resuming:
+        cfg, notes = merge_resumed(cfg, given, load_saved_cfg(os.path.join(exp_dir, "cfg.json")))
+        initial_env_steps = [0] * cfg.num_policies
+        for p in range(cfg.num_policies):
+            latest = latest_checkpoint(checkpoint_dir(exp_dir, p))
+            if latest is not None:
+                verify_checkpoint(latest)
+                initial_env_steps[p] = parse_name(latest)[1]
+        if os.path.exists(os.path.join(exp_dir, "done")):
+            return None
+    spaces = env_spaces(cfg.env)
+    cfg = resolve(cfg)
+    try:
+        Layout.from_cfg(cfg, *spaces)
+    except TypeError as exc:
+        raise ConfigError(f"--env={cfg.env}: {exc}") from exc
+
+    if cfg.restart and os.path.exists(exp_dir):
+        shutil.rmtree(exp_dir)
+    os.makedirs(exp_dir, exist_ok=True)
+    save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
+    return cfg, spaces, notes, initial_env_steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, given = parse_args(argv)
+        prepared = prepare(cfg, given)
+    except (ConfigError, EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    exp_dir = experiment_dir(cfg)
+    if prepared is None:
+        print(f"Experiment {exp_dir} is already finished (delete {os.path.join(exp_dir, 'done')} to train it "
+              "further, or pass --restart=True to start over)")
+        return 0
+    cfg, spaces, notes, initial_env_steps = prepared
+    setup_logging(os.path.join(exp_dir, "log.txt"))
+    for note in notes:
+        log.info("Resume override: %s", note)
+
+    from appo.runner import Runner
+
+    outcome = Runner(cfg, spaces, exp_dir, initial_env_steps).run()
+    if outcome.completed:
+        with open(os.path.join(exp_dir, "done"), "w") as f:
+            f.write(outcome.reason + "\n")
+    return 1 if outcome.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Process, timing and logging helpers shared by the runner and the workers."""

@@ -1,0 +1,48 @@
+"""Set-up every worker process does first, and the guard that turns a crash into a report."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from utils.logs import log
+
+
+def init_worker(cfg, cpu: int | None, single_thread: bool) -> None:
+    """Ctrl-C is handled by the runner alone; workers stop when it tells them to."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.default_niceness:
+        os.nice(cfg.default_niceness)
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        available = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {available[cpu % len(available)]})
+    if single_thread:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1)
+
+
+def run_guarded(name: str, report_queue, main: Callable[..., Any], *args: Any) -> None:
+    """Run a worker's main loop; on an exception send its traceback to the runner and exit non-zero."""
+    try:
+        main(*args)
+    except Exception:
+        text = traceback.format_exc()
+        log.error("%s crashed:\n%s", name, text)
+        try:
+            report_queue.put(("error", name, text), timeout=1.0)
+        except Exception:
+            pass
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def start_component(name: str, report_queue, module: str, function: str, *args: Any) -> None:
+    """Entry point of every forked worker: import its module here, so torch loads only where needed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    run_guarded(name, report_queue, lambda: getattr(importlib.import_module(module), function)(*args))
