@@ -9,6 +9,7 @@ torch: it sees the shared buffers as numpy arrays.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections import deque
@@ -179,10 +180,8 @@ class ActorWorker:
         self.env_errors += 1
         log.warning("actor %d: env %d of split %d raised; rebuilding it:\n%s", self.worker, i, s,
                     traceback.format_exc())
-        try:
+        with contextlib.suppress(Exception):
             self.splits[s].envs[i].close()
-        except Exception:
-            pass
         env = make_env(self.cfg.env)
         self.splits[s].envs[i] = env
         obs, _ = env.reset()

@@ -22,12 +22,12 @@ is private to it and learners hand slots back with a message once they copied th
 
 from __future__ import annotations
 
+import _posixshmem  # CPython's POSIX shm_open/shm_unlink, used by multiprocessing.shared_memory itself
+import contextlib
 import math
 import mmap
 import os
 from dataclasses import dataclass
-
-import _posixshmem  # CPython's POSIX shm_open/shm_unlink, used by multiprocessing.shared_memory itself
 
 import gymnasium as gym
 import numpy as np
@@ -195,7 +195,5 @@ def attach_segment(name: str) -> mmap.mmap:
 
 def unlink_segment(name: str) -> None:
     """Remove a segment if it exists."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         _posixshmem.shm_unlink(name)
-    except FileNotFoundError:
-        pass

@@ -231,7 +231,9 @@ def load_saved_cfg(path: str) -> dict[str, Any]:
     return saved
 
 
-def merge_resumed(cfg: argparse.Namespace, given: set[str], saved: dict[str, Any]) -> tuple[argparse.Namespace, list[str]]:
+def merge_resumed(
+    cfg: argparse.Namespace, given: set[str], saved: dict[str, Any]
+) -> tuple[argparse.Namespace, list[str]]:
     """Saved flags win unless given again on the command line; returns the merged cfg and override notes."""
     merged = vars(cfg).copy()
     notes = []
@@ -247,7 +249,7 @@ def merge_resumed(cfg: argparse.Namespace, given: set[str], saved: dict[str, Any
     for key in ARCHITECTURE_FLAGS:
         if key in saved and saved[key] != merged[key]:
             raise ConfigError(
-                f"--{key}={merged[key]!r} differs from the saved experiment ({saved[key]!r}); "
+                f"--{key}={merged[key]} differs from the saved experiment ({saved[key]}); "
                 "it cannot change on resume, pass --restart=True or use another --experiment"
             )
     validate(merged_cfg)

@@ -7,6 +7,7 @@ learner processes import torch after the fork (actors stay light, CUDA is never 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import secrets
@@ -165,10 +166,8 @@ class Runner:
     def _memory_mb(self) -> dict[str, float]:
         memory = {"runner": psutil.Process().memory_info().rss / 2**20}
         for process in self.processes:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess, ValueError):
                 memory[process.name] = psutil.Process(process.pid).memory_info().rss / 2**20
-            except (psutil.NoSuchProcess, ValueError):
-                pass
         return memory
 
     # ---------------------------------------------------------------- shutdown

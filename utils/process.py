@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -34,10 +35,8 @@ def run_guarded(name: str, report_queue, main: Callable[..., Any], *args: Any) -
     except Exception:
         text = traceback.format_exc()
         log.error("%s crashed:\n%s", name, text)
-        try:
+        with contextlib.suppress(Exception):
             report_queue.put(("error", name, text), timeout=1.0)
-        except Exception:
-            pass
         sys.stdout.flush()
         os._exit(1)
 

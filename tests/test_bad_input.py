@@ -1,0 +1,108 @@
+"""Bad input: one clear line naming the problem, exit code 2, and the experiment dir left untouched."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def snapshot(directory: str) -> dict[str, bytes]:
+    files = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, directory)] = f.read()
+    return files
+
+
+@pytest.fixture
+def existing_experiment(tmp_path):
+    """An experiment dir as a previous run leaves it: cfg.json, a log, a checkpoint folder."""
+    train_dir = tmp_path / "train_dir"
+    exp = train_dir / "exp"
+    (exp / "checkpoint_p0").mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", (
+        "import sys; from appo.cfg import parse_args, save_cfg; "
+        "cfg, _ = parse_args(['--env=CartPole-v1']); save_cfg(cfg, sys.argv[1])"), str(exp / "cfg.json")],
+        cwd=REPO, check=True)
+    (exp / "log.txt").write_text("earlier run\n")
+    return str(train_dir), str(exp)
+
+
+def run(train_dir: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={train_dir}", "--experiment=exp", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,expected", [
+    (["--env=CartPole-v1", "--num_envs_per_worker=5", "--worker_num_splits=2"], "not divisible by --worker_num_splits"),
+    (["--env=CartPole-v1", "--num_workers=0"], "--num_workers=0: must be a positive integer"),
+    (["--env=CartPole-v1", "--rollout=-4"], "--rollout=-4: must be a positive integer"),
+    (["--env=CartPole-v1", "--no_such_flag=1"], "unrecognized arguments: --no_such_flag=1"),
+    (["--env=CartPole-v1", "--use_rnn=maybe"], "--use_rnn"),
+    (["--num_workers=2"], "--env"),
+    (["--env=CartPole-v1", "--use_rnn=True"], "--use_rnn=True differs from the saved experiment"),
+])
+def test_bad_flags(existing_experiment, args, expected):
+    train_dir, exp = existing_experiment
+    before = snapshot(exp)
+    result = run(train_dir, *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert snapshot(exp) == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("env", ["NoSuchEnv-v9", "no_such_module:Env-v0", "tests.flaky_envs:NoSuchEnv-v0"])
+def test_unknown_env_creates_nothing(tmp_path, env):
+    result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
+                             f"--env={env}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--env={env}" in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "new")
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_cfg_json(existing_experiment):
+    train_dir, exp = existing_experiment
+    with open(os.path.join(exp, "cfg.json"), "w") as f:
+        f.write('{"env": "CartPole-v1", "num_wor')
+    before = snapshot(exp)
+    result = run(train_dir, "--env=CartPole-v1")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cfg.json" in lines[0] and "corrupt" in lines[0]
+    assert snapshot(exp) == before
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_checkpoint(existing_experiment):
+    train_dir, exp = existing_experiment
+    with open(os.path.join(exp, "checkpoint_p0", "checkpoint_000000005_1000.pth"), "wb") as f:
+        f.write(b"PK\x03\x04 this is not a complete archive")
+    before = snapshot(exp)
+    result = run(train_dir, "--env=CartPole-v1")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "checkpoint_000000005_1000.pth: corrupt checkpoint" in lines[0]
+    assert snapshot(exp) == before
+    with open(os.path.join(exp, "cfg.json")) as f:
+        assert json.load(f)["env"] == "CartPole-v1"
+
+
+@pytest.mark.timeout(60)
+def test_help_explains_every_flag():
+    result = subprocess.run([sys.executable, "-m", "appo.train", "--help"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0
+    for flag in ("--num_workers", "--worker_num_splits", "--with_vtrace", "--max_policy_lag",
+                 "--num_minibatches_to_accumulate", "--save_every_sec", "--device"):
+        assert flag in result.stdout

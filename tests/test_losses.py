@@ -1,0 +1,132 @@
+"""Returns and losses against straightforward per-trajectory reference loops and hand-made numbers."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from appo import losses
+
+
+def reference_gae(rewards, dones, values, bootstrap, gamma, lam):
+    """Textbook GAE for one trajectory, written as plainly as possible."""
+    T = len(rewards)
+    advantages = [0.0] * T
+    for t in range(T):
+        total, weight = 0.0, 1.0
+        for k in range(t, T):
+            next_value = bootstrap if k == T - 1 else values[k + 1]
+            delta = rewards[k] + gamma * next_value * (1 - dones[k]) - values[k]
+            total += weight * delta
+            if dones[k]:
+                break
+            weight *= gamma * lam
+        advantages[t] = total
+    return advantages
+
+
+def reference_vtrace(behaviour, target, rewards, dones, values, bootstrap, gamma, rho_bar, c_bar):
+    """V-trace from its definition: v_s = V(x_s) + sum_t gamma^(t-s) (prod c_i) rho_t delta_t V."""
+    T = len(rewards)
+    rho = [min(rho_bar, math.exp(target[t] - behaviour[t])) for t in range(T)]
+    c = [min(c_bar, math.exp(target[t] - behaviour[t])) for t in range(T)]
+
+    def value(k):
+        return bootstrap if k == T else values[k]
+
+    vs = []
+    for s in range(T):
+        total, coeff = 0.0, 1.0
+        for t in range(s, T):
+            delta = rho[t] * (rewards[t] + gamma * (1 - dones[t]) * value(t + 1) - values[t])
+            total += coeff * delta
+            if dones[t]:
+                break
+            coeff *= gamma * c[t]
+        vs.append(values[s] + total)
+    advantages = []
+    for s in range(T):
+        next_vs = bootstrap if s == T - 1 else vs[s + 1]
+        advantages.append(rho[s] * (rewards[s] + gamma * (1 - dones[s]) * next_vs - values[s]))
+    return vs, advantages
+
+
+def random_rollout(n=5, T=12, seed=0):
+    rng = random.Random(seed)
+    rewards = torch.tensor([[rng.uniform(-1, 2) for _ in range(T)] for _ in range(n)])
+    dones = torch.tensor([[1.0 if rng.random() < 0.2 else 0.0 for _ in range(T)] for _ in range(n)])
+    dones[0, T // 2] = 1.0  # at least one episode end inside a rollout
+    dones[1, -1] = 1.0  # and one on the last step (bootstrap must be ignored)
+    values = torch.tensor([[rng.uniform(-2, 2) for _ in range(T)] for _ in range(n)])
+    bootstrap = torch.tensor([rng.uniform(-2, 2) for _ in range(n)])
+    return rewards, dones, values, bootstrap
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 1.0), (0.5, 0.0)])
+def test_gae_matches_reference(gamma, lam):
+    rewards, dones, values, bootstrap = random_rollout()
+    advantages, returns = losses.gae(rewards, dones, values, bootstrap, gamma, lam)
+    for i in range(rewards.shape[0]):
+        expected = reference_gae(rewards[i].tolist(), dones[i].tolist(), values[i].tolist(),
+                                 bootstrap[i].item(), gamma, lam)
+        assert advantages[i].tolist() == pytest.approx(expected, abs=1e-5)
+    assert torch.allclose(returns, advantages + values)
+
+
+@pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (0.5, 0.9), (100.0, 100.0)])
+def test_vtrace_matches_reference(rho_bar, c_bar):
+    rewards, dones, values, bootstrap = random_rollout(seed=1)
+    gen = torch.Generator().manual_seed(3)
+    behaviour = -torch.rand(rewards.shape, generator=gen) * 2
+    target = -torch.rand(rewards.shape, generator=gen) * 2  # ratios both above and below the clips
+    vs, advantages = losses.vtrace(behaviour, target, rewards, dones, values, bootstrap, 0.95, rho_bar, c_bar)
+    for i in range(rewards.shape[0]):
+        ref_vs, ref_adv = reference_vtrace(behaviour[i].tolist(), target[i].tolist(), rewards[i].tolist(),
+                                           dones[i].tolist(), values[i].tolist(), bootstrap[i].item(),
+                                           0.95, rho_bar, c_bar)
+        assert vs[i].tolist() == pytest.approx(ref_vs, abs=1e-4)
+        assert advantages[i].tolist() == pytest.approx(ref_adv, abs=1e-4)
+
+
+def test_vtrace_on_policy_equals_lambda_one_returns():
+    """With identical policies and no clipping V-trace targets are the n-step (GAE lambda=1) returns."""
+    rewards, dones, values, bootstrap = random_rollout(seed=2)
+    log_probs = torch.zeros_like(rewards)
+    vs, _ = losses.vtrace(log_probs, log_probs, rewards, dones, values, bootstrap, 0.9, 1.0, 1.0)
+    _, returns = losses.gae(rewards, dones, values, bootstrap, 0.9, 1.0)
+    assert torch.allclose(vs, returns, atol=1e-5)
+
+
+def test_ppo_policy_loss_hand_numbers():
+    ratio = torch.tensor([1.5, 0.5, 1.05, 1.5])
+    advantages = torch.tensor([2.0, 2.0, -1.0, -1.0])
+    # clip e=0.25: range [0.8, 1.25]
+    # 1.5*2 vs 1.25*2 -> 2.5 ; 0.5*2 vs 0.8*2 -> 1.0 ; 1.05*-1 vs 1.05*-1 -> -1.05 ; -1.5 vs -1.25 -> -1.5
+    expected = -(2.5 + 1.0 - 1.05 - 1.5) / 4
+    assert losses.ppo_policy_loss(ratio, advantages, 0.25).item() == pytest.approx(expected)
+    mask = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    assert losses.ppo_policy_loss(ratio, advantages, 0.25, mask).item() == pytest.approx(-(2.5 - 1.5) / 2)
+
+
+def test_symmetric_clip_range():
+    ratio = torch.tensor([10.0, 0.01])
+    advantages = torch.tensor([1.0, -1.0])
+    # e=0.1 clips to [1/1.1, 1.1]: min(10, 1.1) = 1.1 ; min(-0.01, -1/1.1) = -1/1.1
+    assert losses.ppo_policy_loss(ratio, advantages, 0.1).item() == pytest.approx(-(1.1 - 1 / 1.1) / 2)
+
+
+def test_clipped_value_loss_hand_numbers():
+    values = torch.tensor([3.0, 0.0, 1.2])
+    old_values = torch.tensor([1.0, 0.0, 1.0])
+    targets = torch.tensor([3.0, 2.0, 0.0])
+    # clip 0.5: clipped values [1.5, 0.0, 1.2]
+    # errors: max(0, 2.25)=2.25 ; max(4, 4)=4 ; max(1.44, 1.44)=1.44
+    expected = 0.5 * (2.25 + 4.0 + 1.44) / 3
+    assert losses.clipped_value_loss(values, old_values, targets, 0.5).item() == pytest.approx(expected)
+
+
+def test_normalize_respects_mask():
+    x = torch.tensor([1.0, 3.0, 100.0])
+    out = losses.normalize(x, torch.tensor([1.0, 1.0, 0.0]))
+    assert out[:2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-6)

@@ -1,0 +1,96 @@
+"""End-to-end runs of the real trainer (processes, shared memory, queues), each well under a minute."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from tests.conftest import last_mean_reward
+
+FAST = ["--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
+
+
+@pytest.mark.timeout(90)
+def test_cartpole_learns(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=learns", "--train_for_env_steps=120000", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # A random policy averages about 22; learning takes it far above that within 120k steps.
+    assert last_mean_reward(result.stdout) > 80
+    exp_dir = os.path.join(trainer.train_dir, "learns")
+    for name in ("cfg.json", "log.txt", "done"):
+        assert os.path.exists(os.path.join(exp_dir, name))
+    assert os.listdir(os.path.join(exp_dir, "summaries", "0"))
+    version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
+    assert env_steps >= 120000 and version > 10
+
+
+@pytest.mark.timeout(90)
+def test_interrupt_saves_and_resume_continues(trainer):
+    args = ["--env=CartPole-v1", "--experiment=resume", *FAST]
+    process = trainer.start(*args)
+    exp_dir = os.path.join(trainer.train_dir, "resume")
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:  # let it learn for a few versions first
+        log = os.path.join(exp_dir, "log.txt")
+        if os.path.exists(log):
+            with open(log) as f:
+                if re.search(r"p0: v([1-9][0-9]+)", f.read()):
+                    break
+        time.sleep(0.2)
+    interrupted_at = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=15)
+    assert time.monotonic() - interrupted_at < 10, "Ctrl-C must exit within 10 s"
+    assert process.returncode == 0, output
+    assert not os.path.exists(os.path.join(exp_dir, "done"))
+    saved_version, saved_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
+    assert saved_version >= 10 and saved_steps > 0
+
+    result = trainer.run(*args, f"--train_for_env_steps={saved_steps + 20000}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resumed from" in result.stdout and f"(version {saved_version}, {saved_steps} env steps)" in result.stdout
+    assert "Resume override: --train_for_env_steps" in result.stdout
+    version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
+    assert version > saved_version and env_steps >= saved_steps + 20000
+
+    again = trainer.run(*args)
+    assert again.returncode == 0 and "already finished" in again.stdout
+
+
+@pytest.mark.timeout(90)
+def test_two_policies_both_train(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=two", "--num_policies=2", "--train_for_env_steps=60000",
+                         *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    exp_dir = os.path.join(trainer.train_dir, "two")
+    for policy in (0, 1):
+        version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, policy)))
+        assert version > 3 and env_steps > 10000
+        assert os.listdir(os.path.join(exp_dir, "summaries", str(policy)))
+        assert re.search(rf"p{policy}: v\d+ .* reward", result.stdout)
+
+
+@pytest.mark.timeout(90)
+def test_gru_core_and_vtrace_learn(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=gru", "--use_rnn=True", "--recurrence=8",
+                         "--with_vtrace=True", "--train_for_env_steps=100000", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_mean_reward(result.stdout) > 60
+
+
+@pytest.mark.timeout(60)
+def test_env_exceptions_cost_an_episode_not_the_worker(trainer):
+    result = trainer.run("--env=tests.flaky_envs:FlakyCartPole-v0", "--experiment=flaky",
+                         "--train_for_env_steps=30000", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "raised; rebuilding it" in result.stdout and "flaky env failed on purpose" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_worker_crash_is_reported_with_its_cause(trainer):
+    result = trainer.run("--env=tests.flaky_envs:BrokenResetCartPole-v0", "--experiment=broken", *FAST)
+    assert result.returncode == 1
+    assert "Run failed: actor_" in result.stdout and "reset is broken on purpose" in result.stdout
