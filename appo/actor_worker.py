@@ -19,6 +19,7 @@ import numpy as np
 from faster_fifo import Empty
 
 from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.cfg import lockstep, trajectories_per_iteration
 from envs import make_env
 from utils.logs import log
 from utils.process import init_worker
@@ -56,6 +57,9 @@ class ActorWorker:
         self.finished_episodes: list[tuple[int, float, int]] = []
         self.splits: list[Split] = []
         self.last_report = time.monotonic()
+        self.lockstep = lockstep(cfg)
+        self.trajs_sent = 0
+        self.base_version = 0
         self.action_space: gym.Space | None = None
 
     # ---------------------------------------------------------------- set-up
@@ -214,6 +218,9 @@ class ActorWorker:
         """Hand the filled slots to the learners, then move the split onto fresh slots."""
         traj, rollout = self.traj, self.layout.rollout
         filled = self.sampler.cur_slot[self.worker, s].copy()
+        if self.trajs_sent == 0:
+            self.base_version = int(self.sampler.policy_version[0])
+        self.trajs_sent += len(filled)
         if self.cfg.num_policies == 1:
             self.slot_refs[filled] = 1
             self.learner_inboxes[0].put(("traj", filled.tolist()))
@@ -239,7 +246,8 @@ class ActorWorker:
         Returns None when the run stops while waiting."""
         policies = np.unique(self.sampler.agent_policy[self.worker, s])
         start = time.perf_counter()
-        while len(self.free_slots) < n or self.sampler.pause_collection[policies].any():
+        while (len(self.free_slots) < n or self.sampler.pause_collection[policies].any()
+               or self._learner_behind()):
             if self.sampler.stop[0]:
                 return None
             for message in self._get_messages():
@@ -250,6 +258,13 @@ class ActorWorker:
             self._maybe_report()
         self.timing.add("wait_buffers", time.perf_counter() - start)
         return self._take_slots(n)
+
+    def _learner_behind(self) -> bool:
+        """In lockstep, whether the learner has not yet trained on every full iteration sent to it."""
+        if not self.lockstep:
+            return False
+        expected = self.base_version + self.trajs_sent // trajectories_per_iteration(self.cfg)
+        return int(self.sampler.policy_version[0]) < expected
 
     def _take_slots(self, n: int) -> np.ndarray:
         return np.array([self.free_slots.popleft() for _ in range(n)], dtype=np.int64)

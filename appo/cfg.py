@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--restart", type=str2bool, default=False,
         help="Start the experiment over instead of resuming from its latest checkpoint.")
     add("--seed", type=int, default=None,
-        help="Seeds weights, env resets and action sampling; the first policy version is then repeatable.")
+        help="Seeds weights, env resets and action sampling. With one worker, split, policy and inference "
+             "worker the run is then repeatable (the actor waits for each policy update).")
     add("--device", type=str, default="auto",
         help="Where inference and learning run: cpu, cuda, cuda:N, or auto (cuda when available).")
 
@@ -214,6 +215,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[s
     cfg = build_parser().parse_args(argv)
     validate(cfg)
     return cfg, explicit_flags(argv)
+
+
+def trajectories_per_iteration(cfg: argparse.Namespace) -> int:
+    return cfg.batch_size * cfg.num_batches_per_iteration // cfg.rollout
+
+
+def lockstep(cfg: argparse.Namespace) -> bool:
+    """Seeded runs with one actor, split, policy and inference worker are made repeatable.
+
+    Asynchrony is the only source of randomness left once seeds are fixed: which weight version
+    serves a step depends on timing. In lockstep the actor waits at each rollout boundary until the
+    learner has trained on everything sent so far, which makes the run synchronous PPO.
+    """
+    return (cfg.seed is not None and cfg.num_workers == 1 and cfg.worker_num_splits == 1
+            and cfg.num_policies == 1 and cfg.policy_workers_per_policy == 1)
 
 
 def experiment_dir(cfg: argparse.Namespace) -> str:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from appo import losses
 from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.cfg import trajectories_per_iteration
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from appo.inference_worker import resolve_device
 from appo.model import ActorCritic
@@ -127,7 +128,7 @@ class Learner:
         self.train_steps = 0
         self._load()
         self.weights = WeightsPublisher(self.model, weights_name, sampler, policy_id)
-        self.trajs_per_iteration = cfg.batch_size * cfg.num_batches_per_iteration // cfg.rollout
+        self.trajs_per_iteration = trajectories_per_iteration(cfg)
         self.pending: list[int] = []
         self.timing = Timing()
         self.stats: dict[str, list[float]] = defaultdict(list)
@@ -167,7 +168,8 @@ class Learner:
                 except Empty:
                     pass
             self.sampler.pause_collection[self.policy_id] = len(self.pending) > backlog_limit
-            if len(self.pending) >= self.trajs_per_iteration:
+            # Past the env-step budget it only waits to be stopped, so a run ends at a repeatable version.
+            if len(self.pending) >= self.trajs_per_iteration and self.env_steps < self.cfg.train_for_env_steps:
                 slots = self.pending[:self.trajs_per_iteration]
                 del self.pending[:self.trajs_per_iteration]
                 self.train_iteration(slots)

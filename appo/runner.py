@@ -19,6 +19,7 @@ import psutil
 from faster_fifo import Empty, Queue
 
 from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment, weights_segment_name
+from appo.cfg import lockstep
 from utils.logs import log
 from utils.process import start_component
 
@@ -83,6 +84,8 @@ class Runner:
         log.info("Starting %d actor workers x %d envs, %d policies; %d trajectory slots of %d steps",
                  self.cfg.num_workers, self.cfg.num_envs_per_worker, self.cfg.num_policies,
                  self.layout.num_slots, self.cfg.rollout)
+        if lockstep(self.cfg):
+            log.info("Seeded single-worker run: the actor waits for each policy update, so the run is repeatable")
         outcome = Outcome("error", completed=False, failed=True)
         try:
             self.start()

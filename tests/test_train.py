@@ -94,3 +94,20 @@ def test_worker_crash_is_reported_with_its_cause(trainer):
     result = trainer.run("--env=tests.flaky_envs:BrokenResetCartPole-v0", "--experiment=broken", *FAST)
     assert result.returncode == 1
     assert "Run failed: actor_" in result.stdout and "reset is broken on purpose" in result.stdout
+
+
+@pytest.mark.timeout(90)
+def test_seeded_single_worker_run_is_repeatable(trainer):
+    import torch
+
+    args = ["--env=CartPole-v1", "--seed=3", "--num_workers=1", "--worker_num_splits=1", "--num_envs_per_worker=8",
+            "--batch_size=512", "--train_for_env_steps=12000"]
+    states = []
+    for name in ("seed_a", "seed_b"):
+        result = trainer.run(f"--experiment={name}", *args)
+        assert result.returncode == 0, result.stdout + result.stderr
+        path = latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, name), 0))
+        states.append((parse_name(path), torch.load(path, weights_only=False)["model"]))
+    (name_a, model_a), (name_b, model_b) = states
+    assert name_a == name_b and name_a[0] > 5
+    assert all(torch.equal(model_a[key], model_b[key]) for key in model_a)
