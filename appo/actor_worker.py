@@ -19,7 +19,7 @@ import numpy as np
 from faster_fifo import Empty
 
 from appo.buffers import Layout, SamplerState, TrajBuffers
-from appo.cfg import lockstep, trajectories_per_iteration
+from appo.cfg import env_kwargs, lockstep, trajectories_per_iteration
 from envs import make_env
 from utils.logs import log
 from utils.process import init_worker
@@ -29,13 +29,16 @@ REPORT_INTERVAL_S = 1.0
 
 
 class Split:
-    """One group of envs that step together; `t` is the step index inside the current trajectory."""
+    """One group of envs that step together; `t` is the step index inside the current trajectory.
 
-    def __init__(self, envs: list[gym.Env]):
+    Agent j of the split is agent j % num_agents of env j // num_agents.
+    """
+
+    def __init__(self, envs: list[gym.Env], num_agents: int):
         self.envs = envs
         self.t = 0
         self.pending = 0  # inference answers still awaited
-        n = len(envs)
+        n = len(envs) * num_agents
         self.episode_reward = np.zeros(n, dtype=np.float64)
         self.episode_len = np.zeros(n, dtype=np.int64)
 
@@ -44,6 +47,8 @@ class ActorWorker:
     def __init__(self, cfg, layout: Layout, worker: int, traj: TrajBuffers, sampler: SamplerState,
                  inbox, policy_queues: list, learner_inboxes: list, report_queue):
         self.cfg, self.layout, self.worker = cfg, layout, worker
+        self.num_agents = layout.num_agents
+        self.env_kwargs = env_kwargs(cfg)
         self.traj, self.sampler = traj, sampler
         self.inbox, self.policy_queues = inbox, policy_queues
         self.learner_inboxes, self.report_queue = learner_inboxes, report_queue
@@ -68,13 +73,18 @@ class ActorWorker:
             return None
         return self.cfg.seed + (self.worker * self.layout.num_splits + split) * self.layout.agents_per_split + index
 
+    def _random_actions(self, env: gym.Env):
+        if self.num_agents == 1:
+            return env.action_space.sample()
+        return np.stack([env.action_space.sample() for _ in range(self.num_agents)])
+
     def _first_obs(self, split: int, index: int, env: gym.Env) -> np.ndarray:
         obs, _ = env.reset(seed=self._env_seed(split, index))
         if self.cfg.decorrelate_envs_on_one_worker:
             max_steps = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
             env.action_space.seed(int(self.rng.integers(2**31)))
             for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
-                obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                obs, _, terminated, truncated, _ = env.step(self._random_actions(env))
                 if terminated or truncated:
                     obs, _ = env.reset()
                     break
@@ -82,15 +92,16 @@ class ActorWorker:
 
     def init_envs(self) -> None:
         sampler, traj = self.sampler, self.traj
+        agents = self.layout.agents_per_split
         for s in range(self.layout.num_splits):
-            envs = [make_env(self.cfg.env) for _ in range(self.layout.agents_per_split)]
-            split = Split(envs)
+            envs = [make_env(self.cfg.env, self.env_kwargs) for _ in range(agents // self.num_agents)]
+            split = Split(envs, self.num_agents)
             self.splits.append(split)
-            slots = self._take_slots(len(envs))
+            slots = self._take_slots(agents)
             sampler.cur_slot[self.worker, s] = slots
-            sampler.agent_policy[self.worker, s] = self._draw_policies(len(envs))
+            sampler.agent_policy[self.worker, s] = self._draw_policies(agents)
             for i, env in enumerate(envs):
-                traj.obs[slots[i], 0] = self._first_obs(s, i, env)
+                traj.obs[slots[i * self.num_agents:(i + 1) * self.num_agents], 0] = self._first_obs(s, i, env)
             traj.rnn_states[slots, 0] = 0.0
         self.action_space = self.splits[0].envs[0].action_space
 
@@ -143,22 +154,30 @@ class ActorWorker:
         actions = traj.actions[slots, t]
         if isinstance(self.action_space, gym.spaces.Box):
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
-        n = len(split.envs)
+        n, a = len(slots), self.num_agents
         raw_rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
+        true_scores: dict[int, float] = {}
         with self.timing.time("env_step"):
             for i, env in enumerate(split.envs):
+                agents = slice(i * a, (i + 1) * a)
                 try:
-                    obs, raw_rewards[i], terminated[i], truncated[i], _ = env.step(actions[i])
-                    if terminated[i] or truncated[i]:
+                    obs, raw_rewards[agents], terminated[agents], truncated[agents], info = env.step(
+                        actions[i] if a == 1 else actions[agents])
+                    if terminated[i * a] or truncated[i * a]:
+                        if "true_episode_reward" in info:
+                            true_scores[i] = float(info["true_episode_reward"])
                         obs, _ = env.reset()
                 except Exception:
                     obs = self._rebuild_env(s, i)
-                    terminated[i] = True
-                traj.obs[slots[i], t + 1] = obs
+                    terminated[agents] = True
+                if a == 1:
+                    traj.obs[slots[i], t + 1] = obs
+                else:
+                    traj.obs[slots[agents], t + 1] = obs
         dones = terminated | truncated
-        self._account_episodes(s, raw_rewards, dones)
+        self._account_episodes(s, raw_rewards, dones, true_scores)
 
         rewards = np.clip(raw_rewards * cfg.reward_scale, -cfg.reward_clip, cfg.reward_clip)
         if cfg.value_bootstrap:
@@ -186,22 +205,31 @@ class ActorWorker:
                     traceback.format_exc())
         with contextlib.suppress(Exception):
             self.splits[s].envs[i].close()
-        env = make_env(self.cfg.env)
+        env = make_env(self.cfg.env, self.env_kwargs)
         self.splits[s].envs[i] = env
         obs, _ = env.reset()
         return obs
 
-    def _account_episodes(self, s: int, raw_rewards: np.ndarray, dones: np.ndarray) -> None:
+    def _account_episodes(self, s: int, raw_rewards: np.ndarray, dones: np.ndarray,
+                          true_scores: dict[int, float]) -> None:
+        """Per-agent episode reward and length. Envs that end an episode per life (Atari) report the
+        whole game's score as `info["true_episode_reward"]`; only game ends are then reported."""
         split = self.splits[s]
         split.episode_reward += raw_rewards
         split.episode_len += 1
         if dones.any():
             policies = self.sampler.agent_policy[self.worker, s]
-            for i in np.flatnonzero(dones):
-                self.finished_episodes.append((int(policies[i]), float(split.episode_reward[i]),
-                                               int(split.episode_len[i])))
+            for j in np.flatnonzero(dones):
+                env = split.envs[j // self.num_agents]
+                if j // self.num_agents in true_scores:
+                    reward = true_scores[j // self.num_agents]
+                elif getattr(env, "reports_true_episode_reward", False):
+                    continue  # a life lost, not a game over: keep counting the game's length
+                else:
+                    reward = float(split.episode_reward[j])
+                self.finished_episodes.append((int(policies[j]), reward, int(split.episode_len[j])))
+                split.episode_len[j] = 0
             split.episode_reward[dones] = 0.0
-            split.episode_len[dones] = 0
 
     def _request_actions(self, s: int) -> None:
         slots = self.sampler.cur_slot[self.worker, s]

@@ -69,6 +69,7 @@ class Layout:
 
     num_workers: int
     num_splits: int
+    num_agents: int  # per env
     agents_per_split: int  # env-agents stepped together in one split
     rollout: int
     slots_per_worker: int
@@ -98,6 +99,7 @@ class Layout:
         return Layout(
             num_workers=cfg.num_workers,
             num_splits=cfg.worker_num_splits,
+            num_agents=num_agents,
             agents_per_split=agents_per_worker // cfg.worker_num_splits,
             rollout=cfg.rollout,
             slots_per_worker=slots_per_worker,

@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = g.add_argument
     add("--env", type=str, required=True,
         help="Environment id: anything gymnasium.make accepts, including 'package.module:EnvName-v0'.")
+    add("--env_kwargs", type=str, default="{}",
+        help="JSON object of keyword arguments for the env's make function, e.g. '{\"step_seconds\": 0.001}'.")
     add("--experiment", type=str, default="default_experiment",
         help="Experiment name; all outputs go to <train_dir>/<experiment>/.")
     add("--train_dir", type=str, default="train_dir", help="Folder that holds experiment folders.")
@@ -130,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--exploration_loss_coeff", type=float, default=0.003, help="Weight of the exploration loss.")
     add("--value_loss_coeff", type=float, default=0.5, help="Weight of the value loss.")
 
+    g = p.add_argument_group("benchmarking")
+    add = g.add_argument
+    add("--benchmark", type=str2bool, default=False,
+        help="Run a fixed budget and print a throughput table (frames/s, time shares, bottleneck); also "
+             "written to benchmark.json in the experiment dir.")
+    add("--benchmark_env_steps", type=int, default=2_000_000, help="Env steps after which a benchmark stops.")
+    add("--benchmark_samples", type=int, default=1_000_000,
+        help="Trained samples after which a benchmark stops (whichever budget comes first).")
+    add("--sampler_only", type=str2bool, default=False,
+        help="Actors and inference run, trajectories are recycled without learning: measures the sampler alone.")
+
     g = p.add_argument_group("stopping, checkpoints and reporting")
     add = g.add_argument
     add("--train_for_env_steps", type=int, default=10_000_000_000, help="Stop after this many env steps.")
@@ -151,11 +164,12 @@ POSITIVE_INTS = [
     "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies", "policy_workers_per_policy",
     "rollout", "min_traj_buffers_per_worker", "hidden_size", "batch_size", "num_batches_per_iteration",
     "ppo_epochs", "num_minibatches_to_accumulate", "keep_checkpoints", "stats_avg", "train_for_env_steps",
+    "benchmark_env_steps", "benchmark_samples",
 ]
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
                    "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds"]
 # Flags that describe the model or the data layout; they must not change when resuming.
-ARCHITECTURE_FLAGS = ["env", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies"]
+ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies"]
 
 
 def validate(cfg: argparse.Namespace) -> None:
@@ -188,6 +202,7 @@ def validate(cfg: argparse.Namespace) -> None:
         raise ConfigError(f"--max_policy_lag={cfg.max_policy_lag}: must be 0 or more")
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
+    env_kwargs(cfg)
     for name in ("experiment",):
         value = getattr(cfg, name)
         if not value or os.sep in value or value in (".", ".."):
@@ -217,6 +232,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[s
     return cfg, explicit_flags(argv)
 
 
+def env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:
+    try:
+        kwargs = json.loads(cfg.env_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env_kwargs={cfg.env_kwargs}: not valid JSON ({exc})") from exc
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--env_kwargs={cfg.env_kwargs}: must be a JSON object such as '{{\"key\": 1}}'")
+    return kwargs
+
+
 def trajectories_per_iteration(cfg: argparse.Namespace) -> int:
     return cfg.batch_size * cfg.num_batches_per_iteration // cfg.rollout
 
@@ -228,7 +253,7 @@ def lockstep(cfg: argparse.Namespace) -> bool:
     serves a step depends on timing. In lockstep the actor waits at each rollout boundary until the
     learner has trained on everything sent so far, which makes the run synchronous PPO.
     """
-    return (cfg.seed is not None and cfg.num_workers == 1 and cfg.worker_num_splits == 1
+    return (cfg.seed is not None and not cfg.sampler_only and cfg.num_workers == 1 and cfg.worker_num_splits == 1
             and cfg.num_policies == 1 and cfg.policy_workers_per_policy == 1)
 
 

@@ -164,7 +164,11 @@ class Learner:
             with self.timing.time("wait"):
                 try:
                     for _, slots in self.inbox.get_many(timeout=0.05):
-                        self.pending.extend(slots)
+                        if self.cfg.sampler_only:  # measuring the sampler: count and recycle at once
+                            self._count_env_steps(torch.tensor(slots, dtype=torch.long))
+                            self._release(slots)
+                        else:
+                            self.pending.extend(slots)
                 except Empty:
                     pass
             self.sampler.pause_collection[self.policy_id] = len(self.pending) > backlog_limit
@@ -188,12 +192,10 @@ class Learner:
         """Copy fresh enough trajectories out of shared memory and return every slot to its actor."""
         index = torch.tensor(slots, dtype=torch.long)
         traj = self.traj
-        policy_ids = traj["policy_ids"][index]
-        valid = policy_ids == self.policy_id
+        valid = self._count_env_steps(index)
         versions = traj["policy_versions"][index]
         oldest = torch.where(valid, versions, torch.full_like(versions, self.version)).min(dim=1).values
         fresh = (self.version - oldest) <= self.cfg.max_policy_lag
-        self.env_steps += int(valid.sum())
         self.dropped += int((~fresh).sum())
         keep = index[fresh]
         batch = None
@@ -209,6 +211,12 @@ class Learner:
                 batch["mask"] = valid[fresh].float().to(self.device)
         self._release(slots)
         return batch
+
+    def _count_env_steps(self, index: Tensor) -> Tensor:
+        """Count the steps this policy took in these slots; returns their mask [n, T]."""
+        valid = self.traj["policy_ids"][index] == self.policy_id
+        self.env_steps += int(valid.sum())
+        return valid
 
     def _release(self, slots: list[int]) -> None:
         by_worker: dict[int, list[int]] = defaultdict(list)

@@ -16,11 +16,21 @@ from tensorboardX import SummaryWriter
 FPS_WINDOWS = (10, 60, 300)
 
 
+# What each component's timing keys mean, in the order the benchmark table shows them.
+TIME_SHARES = {
+    "actor": {"env_step": "env step", "wait_actions": "waiting for actions", "wait_buffers": "waiting for buffers"},
+    "inference": {"forward": "forward", "weights": "weight updates", "wait": "waiting"},
+    "learner": {"batching": "batching", "sgd": "SGD", "wait": "waiting"},
+}
+
+
 class Reports:
-    def __init__(self, cfg, exp_dir: str, initial_env_steps: list[int]):
+    def __init__(self, cfg, exp_dir: str, initial_env_steps: list[int], frames_per_step: int = 1):
         self.cfg = cfg
         self.num_policies = cfg.num_policies
+        self.frames_per_step = frames_per_step
         self.start = time.monotonic()
+        self.first_sample: tuple[float, int] | None = None  # (time, env steps) of the first actor report
         self.sampled_env_steps = 0  # this session, all policies, from actor reports
         self.frame_history: deque[tuple[float, int]] = deque([(self.start, 0)])
         self.episodes = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
@@ -33,12 +43,15 @@ class Reports:
         self.sample_history = [deque([(self.start, 0)]) for _ in range(self.num_policies)]
         self.samples_total = [0] * self.num_policies
         self.timing: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.lag = {"min": float("inf"), "max": 0.0, "avg": []}
         self.device = "?"
         self.writers = [SummaryWriter(os.path.join(exp_dir, "summaries", str(p)), flush_secs=10)
                         for p in range(self.num_policies)]
 
     # ---------------------------------------------------------------- intake
     def on_actor(self, data: dict) -> None:
+        if self.first_sample is None and data["env_steps"] > 0:
+            self.first_sample = (time.monotonic(), self.sampled_env_steps)
         self.sampled_env_steps += data["env_steps"]
         self.env_errors += data["env_errors"]
         for policy, reward, length in data["episodes"]:
@@ -55,7 +68,12 @@ class Reports:
         self.dropped[policy] += data["dropped"]
         self.samples_total[policy] += data["samples"]
         self.sample_history[policy].append((time.monotonic(), self.samples_total[policy]))
-        self.learner_stats[policy].update(data["stats"])
+        stats = data["stats"]
+        self.learner_stats[policy].update(stats)
+        if "lag_avg" in stats:
+            self.lag["min"] = min(self.lag["min"], stats["lag_min"])
+            self.lag["max"] = max(self.lag["max"], stats["lag_max"])
+            self.lag["avg"].append(stats["lag_avg"])
         self.device = data["device"]
         self._add_timing("learner", data["timing"])
 
@@ -79,7 +97,8 @@ class Reports:
         return 0.0
 
     def fps(self, window: float) -> float:
-        return self._rate(self.frame_history, window)
+        """Env frames per second (env steps times the env's frame skip)."""
+        return self._rate(self.frame_history, window) * self.frames_per_step
 
     def sample_throughput(self, policy: int, window: float = 10.0) -> float:
         return self._rate(self.sample_history[policy], window)
@@ -135,6 +154,80 @@ class Reports:
             for name, mb in memory_mb.items():
                 writer.add_scalar(f"memory/{name}_mb", mb, step)
 
+    # ---------------------------------------------------------------- benchmark
+    def benchmark_summary(self, env_name: str) -> dict:
+        """Throughput since the first sample, and where each component's time went since start-up."""
+        cfg = self.cfg
+        now = time.monotonic()
+        wall = now - self.start
+        begin, steps_before = self.first_sample or (now, self.sampled_env_steps)
+        measured = max(now - begin, 1e-9)
+        env_steps = self.sampled_env_steps - steps_before
+        processes = {"actor": cfg.num_workers, "inference": cfg.num_policies * cfg.policy_workers_per_policy,
+                     "learner": cfg.num_policies}
+        shares = {}
+        for component, keys in TIME_SHARES.items():
+            total = processes[component] * wall
+            shares[component] = {key: self.timing[component].get(key, 0.0) / total for key in keys}
+            shares[component]["other"] = max(0.0, 1.0 - sum(shares[component].values()))
+        summary = {
+            "env": env_name, "num_workers": cfg.num_workers, "num_envs_per_worker": cfg.num_envs_per_worker,
+            "worker_num_splits": cfg.worker_num_splits, "num_policies": cfg.num_policies,
+            "sampler_only": cfg.sampler_only, "device": self.device, "cpu_count": os.cpu_count(),
+            "wall_seconds": wall, "measured_seconds": measured,
+            "env_steps": env_steps, "env_frames": env_steps * self.frames_per_step,
+            "env_steps_per_s": env_steps / measured,
+            "env_frames_per_s": env_steps * self.frames_per_step / measured,
+            "samples_per_s": sum(self.samples_total) / measured,
+            "policy_lag": {"min": self.lag["min"] if self.lag["avg"] else 0.0, "max": self.lag["max"],
+                           "avg": float(np.mean(self.lag["avg"])) if self.lag["avg"] else 0.0},
+            "time_shares": shares,
+        }
+        summary["bottleneck"] = diagnose(summary)
+        return summary
+
     def close(self) -> None:
         for writer in self.writers:
             writer.close()
+
+
+def diagnose(summary: dict) -> str:
+    """One line naming the component that limits throughput and the flag that would move it."""
+    actor, inference, learner = (summary["time_shares"][c] for c in ("actor", "inference", "learner"))
+    processes = summary["num_workers"] + summary["num_policies"] * 2
+    saturated = processes > (summary["cpu_count"] or 1)
+    if actor["wait_buffers"] > 0.25 and not summary["sampler_only"]:
+        return (f"learner: actors wait {actor['wait_buffers']:.0%} of their time for trajectory slots while the "
+                f"learner spends {learner['sgd']:.0%} in SGD; lower --ppo_epochs or --num_batches_per_iteration, "
+                "or use --device=cuda")
+    if actor["wait_actions"] > actor["env_step"]:
+        if inference["forward"] > 0.6:
+            return (f"inference: actors wait {actor['wait_actions']:.0%} for actions and the inference worker is "
+                    f"busy {inference['forward']:.0%}; add --policy_workers_per_policy or use --device=cuda")
+        if saturated:
+            return (f"CPU: {processes} busy processes share {summary['cpu_count']} cores, actors wait "
+                    f"{actor['wait_actions']:.0%} for actions; raise --num_envs_per_worker (bigger batches, fewer "
+                    "messages) rather than --num_workers")
+        return (f"round trips: actors wait {actor['wait_actions']:.0%} for actions while inference is busy only "
+                f"{inference['forward']:.0%}; raise --num_envs_per_worker or --worker_num_splits")
+    more = "raise --num_workers" if not saturated else "a faster env or more cores (the cores are saturated)"
+    return f"env stepping: actors spend {actor['env_step']:.0%} of their time in env.step; {more}"
+
+
+def format_benchmark(summary: dict) -> str:
+    lag = summary["policy_lag"]
+    lines = [
+        f"Benchmark: {summary['env']}, {summary['num_workers']} workers x {summary['num_envs_per_worker']} envs"
+        f"{', sampler only' if summary['sampler_only'] else ''}, {summary['cpu_count']} CPUs, "
+        f"device {summary['device']}",
+        f"  env frames/s   {summary['env_frames_per_s']:12,.0f}   ({summary['env_steps']:,} env steps in "
+        f"{summary['measured_seconds']:.1f} s after the first sample; {summary['wall_seconds']:.1f} s wall)",
+        f"  samples/s      {summary['samples_per_s']:12,.0f}   (trained)",
+        f"  policy lag     {lag['min']:.0f} / {lag['avg']:.1f} / {lag['max']:.0f} (min / avg / max versions)",
+    ]
+    for component, keys in TIME_SHARES.items():
+        shares = summary["time_shares"][component]
+        cells = [f"{label} {shares[key]:4.0%}" for key, label in keys.items()] + [f"other {shares['other']:4.0%}"]
+        lines.append(f"  {component:10s} " + " | ".join(cells))
+    lines.append(f"  bottleneck: {summary['bottleneck']}")
+    return "\n".join(lines)

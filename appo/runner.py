@@ -8,6 +8,7 @@ learner processes import torch after the fork (actors stay light, CUDA is never 
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import secrets
@@ -20,6 +21,7 @@ from faster_fifo import Empty, Queue
 
 from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment, weights_segment_name
 from appo.cfg import lockstep
+from envs import EnvInfo
 from utils.logs import log
 from utils.process import start_component
 
@@ -36,11 +38,12 @@ class Outcome:
 
 
 class Runner:
-    def __init__(self, cfg, spaces, exp_dir: str, initial_env_steps: list[int]):
+    def __init__(self, cfg, env: EnvInfo, exp_dir: str, initial_env_steps: list[int]):
         from appo.reporting import Reports
 
-        self.cfg, self.spaces, self.exp_dir = cfg, spaces, exp_dir
-        self.layout = Layout.from_cfg(cfg, *spaces)
+        self.cfg, self.env, self.exp_dir = cfg, env, exp_dir
+        self.spaces = (env.obs_space, env.action_space)
+        self.layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
         self.traj = TrajBuffers(self.layout)
         self.sampler = SamplerState(self.layout, cfg.num_policies)
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
@@ -48,7 +51,7 @@ class Runner:
         self.actor_inboxes = [Queue() for _ in range(cfg.num_workers)]
         self.policy_queues = [Queue() for _ in range(cfg.num_policies)]
         self.learner_inboxes = [Queue() for _ in range(cfg.num_policies)]
-        self.reports = Reports(cfg, exp_dir, initial_env_steps)
+        self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
         self.processes: list[multiprocessing.Process] = []
         self.ready: set[str] = set()
         self.interrupted = False
@@ -90,6 +93,8 @@ class Runner:
         try:
             self.start()
             outcome = self._loop()
+            if self.cfg.benchmark:  # measured before shutdown, so teardown does not count
+                self.write_benchmark()
         finally:
             self.shutdown()
             for sig, handler in previous_handlers.items():
@@ -151,6 +156,10 @@ class Runner:
                            failed=True)
         if self.interrupted:
             return Outcome("interrupted", completed=False)
+        if cfg.benchmark and reports.sampled_env_steps >= cfg.benchmark_env_steps:
+            return Outcome(f"benchmark budget --benchmark_env_steps={cfg.benchmark_env_steps} reached", True)
+        if cfg.benchmark and sum(reports.samples_total) >= cfg.benchmark_samples:
+            return Outcome(f"benchmark budget --benchmark_samples={cfg.benchmark_samples} reached", True)
         if reports.total_env_steps() >= cfg.train_for_env_steps:
             return Outcome(f"reached --train_for_env_steps={cfg.train_for_env_steps}", completed=True)
         if elapsed >= cfg.train_for_seconds:
@@ -195,6 +204,17 @@ class Runner:
             unlink_segment(weights_segment_name(self.run_token, p))
         self.reports.write_summaries({})
         self.reports.close()
+
+    def write_benchmark(self) -> None:
+        """Print the benchmark table and save it as benchmark.json (atomically)."""
+        from appo.reporting import format_benchmark
+
+        summary = self.reports.benchmark_summary(self.cfg.env)
+        log.info("\n%s", format_benchmark(summary))
+        path = os.path.join(self.exp_dir, "benchmark.json")
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(summary, f, indent=2)
+        os.replace(f"{path}.tmp", path)
 
     def _log_final(self, outcome: Outcome) -> None:
         log.info(self.reports.status_line())

@@ -12,15 +12,25 @@ import shutil
 import sys
 
 from appo.buffers import Layout
-from appo.cfg import ConfigError, experiment_dir, load_saved_cfg, merge_resumed, parse_args, resolve, save_cfg
+from appo.cfg import (
+    ConfigError,
+    env_kwargs,
+    experiment_dir,
+    load_saved_cfg,
+    merge_resumed,
+    parse_args,
+    resolve,
+    save_cfg,
+)
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name, verify_checkpoint
-from envs import EnvError, env_spaces
+from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
 
 EXIT_BAD_INPUT = 2
 
 
-def prepare(cfg: argparse.Namespace, given: set[str]) -> tuple[argparse.Namespace, tuple, list[str], list[int]] | None:
+def prepare(cfg: argparse.Namespace, given: set[str]
+            ) -> tuple[argparse.Namespace, EnvInfo, list[str], list[int]] | None:
     """Validate everything, then (re)create the experiment dir. None means: already finished."""
     exp_dir = experiment_dir(cfg)
     notes: list[str] = []
@@ -36,10 +46,10 @@ def prepare(cfg: argparse.Namespace, given: set[str]) -> tuple[argparse.Namespac
                 initial_env_steps[p] = parse_name(latest)[1]
         if os.path.exists(os.path.join(exp_dir, "done")):
             return None
-    spaces = env_spaces(cfg.env)
+    info = env_info(cfg.env, env_kwargs(cfg))
     cfg = resolve(cfg)
     try:
-        Layout.from_cfg(cfg, *spaces)
+        Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
     except TypeError as exc:
         raise ConfigError(f"--env={cfg.env}: {exc}") from exc
 
@@ -47,7 +57,7 @@ def prepare(cfg: argparse.Namespace, given: set[str]) -> tuple[argparse.Namespac
         shutil.rmtree(exp_dir)
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
-    return cfg, spaces, notes, initial_env_steps
+    return cfg, info, notes, initial_env_steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Experiment {exp_dir} is already finished (delete {os.path.join(exp_dir, 'done')} to train it "
               "further, or pass --restart=True to start over)")
         return 0
-    cfg, spaces, notes, initial_env_steps = prepared
+    cfg, info, notes, initial_env_steps = prepared
     setup_logging(os.path.join(exp_dir, "log.txt"))
     for note in notes:
         log.info("Resume override: %s", note)
 
     from appo.runner import Runner
 
-    outcome = Runner(cfg, spaces, exp_dir, initial_env_steps).run()
+    outcome = Runner(cfg, info, exp_dir, initial_env_steps).run()
     if outcome.completed:
         with open(os.path.join(exp_dir, "done"), "w") as f:
             f.write(outcome.reason + "\n")

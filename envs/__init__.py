@@ -1,5 +1,11 @@
 """Environment creation shared by the runner (to read spaces) and actor workers (to step envs)."""
 
-from envs.registry import EnvError, env_spaces, make_env
+from envs.multi_agent import make_multi_agent_env
+from envs.registry import EnvError, EnvInfo, env_info, make_env, register_env
+from envs.synthetic import make_cpu_env, make_sleep_env
 
-__all__ = ["EnvError", "env_spaces", "make_env"]
+register_env("sleep_env", make_sleep_env)
+register_env("cpu_env", make_cpu_env)
+register_env("coop_multi_agent", make_multi_agent_env)
+
+__all__ = ["EnvError", "EnvInfo", "env_info", "make_env", "register_env"]

@@ -1,34 +1,86 @@
-"""Turn an `--env` string into a gymnasium env.
+"""Turn an `--env` string into an environment.
 
-Any id `gymnasium.make` accepts works, including `package.module:EnvName-v0`, for which gymnasium
-imports `package.module` (which registers the env) before making it. Workers build envs through this
-same function, so an env registered by user code is found in every process.
+Resolution order:
+1. `atari_<game>` names (`atari_breakout`, ...): ale-py with DeepMind preprocessing (`envs/atari.py`);
+   names registered with `register_env(name, make_fn)` (the built-in synthetic and multi-agent envs
+   are registered on import of `envs`; user code can add its own);
+2. `package.module:function` where `function` is a callable in that module: it is called to make the env;
+3. anything `gymnasium.make` accepts, including `package.module:EnvName-v0`, for which gymnasium imports
+   `package.module` (which registers the env) first.
+
+`--env_kwargs` (a JSON object) is passed to the make function or to `gymnasium.make`. Workers build
+envs through this same function, so every process resolves the name the same way.
 """
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 
 
 class EnvError(Exception):
-    """The env id cannot be made; the message names the id and what would be valid."""
+    """The env cannot be made; the message names the flag value and what would be valid."""
 
 
-def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
+_REGISTRY: dict[str, Callable[..., gym.Env]] = {}
+
+
+def register_env(name: str, make_fn: Callable[..., gym.Env]) -> None:
+    """Make `--env=name` call `make_fn(**env_kwargs)`; call it in a module the workers import too."""
+    _REGISTRY[name] = make_fn
+
+
+def _module_function(env_id: str) -> Callable[..., gym.Env] | None:
+    if ":" not in env_id:
+        return None
+    module_name, attribute = env_id.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
+    candidate = getattr(module, attribute, None)
+    return candidate if callable(candidate) and not isinstance(candidate, type) else None
+
+
+def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
+    kwargs = dict(env_kwargs or {})
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    from envs.atari import is_atari_name, make_atari
+
+    if is_atari_name(env_id):
+        return make_atari(env_id, **kwargs)
+    make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
+    if make_fn is not None:
+        return make_fn(**kwargs)
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; workers step millions of times.
-        return gym.make(env_id, disable_env_checker=True, render_mode=render_mode)
+        return gym.make(env_id, disable_env_checker=True, **kwargs)
     except gym.error.Error as exc:
-        raise EnvError(f"--env={env_id}: cannot be made by gymnasium ({exc}); use a registered id "
-                       "such as CartPole-v1 or 'package.module:EnvName-v0'") from exc
+        raise EnvError(f"--env={env_id}: cannot be made ({exc}); use a registered gymnasium id such as "
+                       f"CartPole-v1, 'package.module:EnvName-v0', or one of {sorted(_REGISTRY)}") from exc
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
 
 
-def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one agent, read from a throw-away env instance."""
-    env = make_env(env_id)
+@dataclass(frozen=True)
+class EnvInfo:
+    """What the runner needs to know before it sizes buffers, read from a throw-away env instance."""
+
+    obs_space: gym.Space  # of one agent
+    action_space: gym.Space  # of one agent
+    num_agents: int = 1
+    frames_per_step: int = 1  # emulator frames per env step (frame skip), for reporting frames/s
+
+
+def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvInfo:
+    env = make_env(env_id, env_kwargs)
     try:
-        return env.observation_space, env.action_space
+        return EnvInfo(env.observation_space, env.action_space, int(getattr(env, "num_agents", 1)),
+                       int(getattr(env, "frames_per_step", 1)))
     finally:
         env.close()

@@ -1,0 +1,47 @@
+"""Sampler throughput against the raw limit of the env on this machine.
+
+First N plain processes step the env with random actions (the raw limit), then the trainer runs with
+--sampler_only (actors + inference, no learning) with the same workers and envs; prints both and the ratio.
+
+    python scripts/bench_sampler.py --env=atari_breakout --num_workers=2 --num_envs_per_worker=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bench_common import raw_limit, sampler_only_fps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--env_kwargs", default="{}", help="JSON object passed to the env's make function.")
+    parser.add_argument("--num_workers", type=int, default=2)
+    parser.add_argument("--num_envs_per_worker", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0, help="Length of the raw-limit measurement.")
+    parser.add_argument("--env_steps", type=int, default=0,
+                        help="Trainer budget; 0 means as many steps as the raw limit made in --seconds.")
+    parser.add_argument("--repeats", type=int, default=1, help="Measure both this many times; report medians.")
+    parser.add_argument("trainer_args", nargs="*", help="Extra flags for appo.train (after --).")
+    args = parser.parse_args()
+    kwargs = json.loads(args.env_kwargs)
+
+    raws, trainers = [], []
+    for _ in range(args.repeats):
+        raw = raw_limit(args.env, args.num_workers, args.num_envs_per_worker, args.seconds, kwargs)
+        budget = args.env_steps or max(1000, int(raw * args.seconds))
+        summary = sampler_only_fps(args.env, args.num_workers, args.num_envs_per_worker, budget, args.trainer_args,
+                                   kwargs)
+        raws.append(raw)
+        trainers.append(summary["env_frames_per_s"])
+        print(f"raw limit {raw:10.0f} frames/s | sampler-only trainer {summary['env_frames_per_s']:10.0f} frames/s"
+              f" | ratio {summary['env_frames_per_s'] / raw:.1%} | bottleneck: {summary['bottleneck']}", flush=True)
+    raw, trainer = sorted(raws)[len(raws) // 2], sorted(trainers)[len(trainers) // 2]
+    print(f"{args.env}, {args.num_workers} workers x {args.num_envs_per_worker} envs: raw limit {raw:.0f} frames/s, "
+          f"sampler-only {trainer:.0f} frames/s, ratio {trainer / raw:.1%} (median of {args.repeats})")
+
+
+if __name__ == "__main__":
+    main()
