@@ -20,6 +20,7 @@ from faster_fifo import Empty
 
 from appo.buffers import Layout, SamplerState, TrajBuffers
 from appo.cfg import env_kwargs, lockstep, trajectories_per_iteration
+from appo.spaces import to_env_action
 from envs import make_env
 from utils.logs import log
 from utils.process import init_worker
@@ -101,7 +102,7 @@ class ActorWorker:
             sampler.cur_slot[self.worker, s] = slots
             sampler.agent_policy[self.worker, s] = self._draw_policies(agents)
             for i, env in enumerate(envs):
-                traj.obs[slots[i * self.num_agents:(i + 1) * self.num_agents], 0] = self._first_obs(s, i, env)
+                traj.write_obs(slots[i * self.num_agents:(i + 1) * self.num_agents], 0, self._first_obs(s, i, env))
             traj.rnn_states[slots, 0] = 0.0
         self.action_space = self.splits[0].envs[0].action_space
 
@@ -152,9 +153,7 @@ class ActorWorker:
         t = split.t
         slots = self.sampler.cur_slot[self.worker, s].copy()
         actions = traj.actions[slots, t]
-        if isinstance(self.action_space, gym.spaces.Box):
-            actions = np.clip(actions, self.action_space.low, self.action_space.high)
-        n, a = len(slots), self.num_agents
+        n, a, space = len(slots), self.num_agents, self.action_space
         raw_rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
@@ -163,8 +162,9 @@ class ActorWorker:
             for i, env in enumerate(split.envs):
                 agents = slice(i * a, (i + 1) * a)
                 try:
-                    obs, raw_rewards[agents], terminated[agents], truncated[agents], info = env.step(
-                        actions[i] if a == 1 else actions[agents])
+                    env_actions = (to_env_action(space, actions[i]) if a == 1
+                                   else [to_env_action(space, action) for action in actions[agents]])
+                    obs, raw_rewards[agents], terminated[agents], truncated[agents], info = env.step(env_actions)
                     if terminated[i * a] or truncated[i * a]:
                         if "true_episode_reward" in info:
                             true_scores[i] = float(info["true_episode_reward"])
@@ -172,10 +172,7 @@ class ActorWorker:
                 except Exception:
                     obs = self._rebuild_env(s, i)
                     terminated[agents] = True
-                if a == 1:
-                    traj.obs[slots[i], t + 1] = obs
-                else:
-                    traj.obs[slots[agents], t + 1] = obs
+                traj.write_obs(slots[i] if a == 1 else slots[agents], t + 1, obs)
         dones = terminated | truncated
         self._account_episodes(s, raw_rewards, dones, true_scores)
 
@@ -264,7 +261,7 @@ class ActorWorker:
         fresh = self._wait_for_slots(len(filled), s)
         if fresh is None:  # stopping: nothing more will be learned from this split
             return
-        traj.obs[fresh, 0] = traj.obs[filled, rollout]
+        traj.copy_obs(fresh, 0, filled, rollout)
         traj.rnn_states[fresh, 0] = traj.rnn_states[filled, rollout]
         self.sampler.cur_slot[self.worker, s] = fresh
 

@@ -7,7 +7,7 @@ torch tensors without copies (`torch_views`).
 
 Trajectory slot layout (`num_slots` slots, `T = --rollout`):
 
-    obs             [slot, T+1, *obs_shape]   step T is the bootstrap observation
+    obs[key]        [slot, T+1, *shape]       per observation key; step T is the bootstrap observation
     rnn_states      [slot, T+1, rnn_size]     state *before* each step (zeroed after an episode end)
     actions         [slot, T, *action_shape]
     log_probs       [slot, T]                 behaviour policy log-probability of the action
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from appo.spaces import action_layout, obs_as_dict, obs_dtype, obs_spaces
+
 
 def shared_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """A zero-filled numpy array in an anonymous MAP_SHARED mapping, shared with forked children."""
@@ -41,26 +43,12 @@ def shared_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     return np.frombuffer(memory, dtype=dtype, count=math.prod(shape)).reshape(shape)
 
 
-def action_layout(action_space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
-    if isinstance(action_space, gym.spaces.Discrete):
-        return (), np.dtype(np.int64)
-    if isinstance(action_space, gym.spaces.Box):
-        return tuple(action_space.shape), np.dtype(np.float32)
-    raise TypeError(f"unsupported action space {action_space}; use Discrete or Box")
-
-
-def obs_layout(obs_space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise TypeError(f"unsupported observation space {obs_space}; use Box")
-    dtype = np.dtype(np.uint8) if obs_space.dtype == np.uint8 else np.dtype(np.float32)
-    return tuple(obs_space.shape), dtype
-
-
 def rnn_size(cfg) -> int:
-    """Floats of recurrent state per agent (LSTM keeps h and c); 1 placeholder for feed-forward models."""
+    """Floats of recurrent state per agent (LSTM keeps h and c; separate actor and critic cores keep one
+    state each); 1 placeholder for feed-forward models."""
     if not cfg.use_rnn:
         return 1
-    return cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1)
+    return cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1) * (1 if cfg.actor_critic_share_weights else 2)
 
 
 @dataclass(frozen=True)
@@ -73,8 +61,7 @@ class Layout:
     agents_per_split: int  # env-agents stepped together in one split
     rollout: int
     slots_per_worker: int
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
+    obs: dict[str, tuple[tuple[int, ...], np.dtype]]  # per observation key: shape and dtype
     action_shape: tuple[int, ...]
     action_dtype: np.dtype
     rnn_size: int
@@ -94,7 +81,6 @@ class Layout:
             cfg.min_traj_buffers_per_worker * agents_per_worker,
             agents_per_worker + math.ceil(backlog / cfg.num_workers),
         )
-        obs_shape, obs_dtype = obs_layout(obs_space)
         action_shape, action_dtype = action_layout(action_space)
         return Layout(
             num_workers=cfg.num_workers,
@@ -103,8 +89,7 @@ class Layout:
             agents_per_split=agents_per_worker // cfg.worker_num_splits,
             rollout=cfg.rollout,
             slots_per_worker=slots_per_worker,
-            obs_shape=obs_shape,
-            obs_dtype=obs_dtype,
+            obs={key: (tuple(space.shape), obs_dtype(space)) for key, space in obs_spaces(obs_space).items()},
             action_shape=action_shape,
             action_dtype=action_dtype,
             rnn_size=rnn_size(cfg),
@@ -125,7 +110,7 @@ class TrajBuffers:
 
     def __init__(self, layout: Layout):
         n, t = layout.num_slots, layout.rollout
-        self.obs = shared_array((n, t + 1, *layout.obs_shape), layout.obs_dtype)
+        self.obs = {key: shared_array((n, t + 1, *shape), dtype) for key, (shape, dtype) in layout.obs.items()}
         self.rnn_states = shared_array((n, t + 1, layout.rnn_size), np.float32)
         self.actions = shared_array((n, t, *layout.action_shape), layout.action_dtype)
         self.log_probs = shared_array((n, t), np.float32)
@@ -135,14 +120,22 @@ class TrajBuffers:
         self.policy_versions = shared_array((n, t), np.int64)
         self.policy_ids = shared_array((n, t), np.int16)
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in self.FIELDS}
+    def write_obs(self, slots, t: int, obs) -> None:
+        """Store an env's observation (array, or dict for Dict spaces) at step t of the given slot(s)."""
+        for key, value in obs_as_dict(obs).items():
+            self.obs[key][slots, t] = value
+
+    def copy_obs(self, to_slots: np.ndarray, to_t: int, from_slots: np.ndarray, from_t: int) -> None:
+        for array in self.obs.values():
+            array[to_slots, to_t] = array[from_slots, from_t]
 
     def torch_views(self) -> dict:
-        """The same memory as torch tensors (no copy); only called in processes that use torch."""
+        """The same memory as torch tensors (no copy), `obs` as a dict; only for processes that use torch."""
         import torch
 
-        return {name: torch.from_numpy(array) for name, array in self.arrays().items()}
+        views = {name: torch.from_numpy(getattr(self, name)) for name in self.FIELDS if name != "obs"}
+        views["obs"] = {key: torch.from_numpy(array) for key, array in self.obs.items()}
+        return views
 
 
 class SamplerState:

@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("model")
     add = g.add_argument
+    add("--encoder", type=str, default="auto",
+        help="Observation encoder: auto (nature_cnn for images, mlp otherwise), mlp, nature_cnn, impala_resnet, "
+             "a name registered with appo.model.register_encoder, or package.module:factory.")
+    add("--actor_critic_share_weights", type=str2bool, default=True,
+        help="One encoder (and core) for policy and value heads; False gives the critic its own.")
+    add("--normalize_input", type=str2bool, default=False,
+        help="Normalise float observations by running mean/std (kept by the learner, used by inference).")
     add("--hidden_size", type=int, default=64, help="Width of the MLP encoder layers and of the RNN core.")
     add("--mlp_layers", type=int, default=2, help="Number of hidden layers in the MLP encoder.")
     add("--use_rnn", type=str2bool, default=False, help="Use a recurrent core after the encoder.")
@@ -169,7 +176,8 @@ POSITIVE_INTS = [
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
                    "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds"]
 # Flags that describe the model or the data layout; they must not change when resuming.
-ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies"]
+ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies",
+                      "encoder", "actor_critic_share_weights", "normalize_input"]
 
 
 def validate(cfg: argparse.Namespace) -> None:

@@ -84,7 +84,7 @@ class InferenceWorker:
         slots_np, steps_np = self._locate(requests)
         slots, steps = torch.from_numpy(slots_np), torch.from_numpy(steps_np)
         traj, device = self.traj, self.device
-        obs = traj["obs"][slots, steps].to(device, non_blocking=True)
+        obs = {key: array[slots, steps].to(device, non_blocking=True) for key, array in traj["obs"].items()}
         rnn_states = traj["rnn_states"][slots, steps].to(device, non_blocking=True)
         params, values, next_rnn_states = self.model.forward_step(obs, rnn_states)
         dist = self.model.distribution(params)

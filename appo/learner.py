@@ -28,6 +28,15 @@ from utils.process import init_worker
 from utils.timing import Timing
 
 
+def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
+           ) -> Tensor | dict[str, Tensor]:
+    """Rows `index` of a tensor, or of every tensor of an observation dict (optionally moved to device)."""
+    if isinstance(x, dict):
+        return {key: select(value, index, device) for key, value in x.items()}
+    rows = x[index]
+    return rows if device is None else rows.to(device)
+
+
 def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: dict[str, Tensor],
                advantages: Tensor | None, targets: Tensor | None) -> dict[str, float]:
     """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics.
@@ -87,12 +96,12 @@ def forward_trajectories(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> t
     Each chunk starts from the RNN state the actor recorded at that step, so back-propagation runs
     over at most `recurrence` steps; episode ends inside a chunk reset the state as during collection.
     """
-    obs, dones = batch["obs"][:, :-1], batch["dones"]
+    dones = batch["dones"]
     n, length = dones.shape
     r = cfg.recurrence
     chunks = n * length // r
     params, values = model.forward_sequence(
-        obs.reshape(chunks, r, *obs.shape[2:]),
+        {key: obs[:, :-1].reshape(chunks, r, *obs.shape[2:]) for key, obs in batch["obs"].items()},
         batch["rnn_states"][:, :-1:r].reshape(chunks, -1),
         dones.reshape(chunks, r),
     )
@@ -103,8 +112,8 @@ def forward_trajectories(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> t
 def value_pass(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """Values [n, T] of every step under the current weights, and the bootstrap value [n] after the last."""
     _, values = forward_trajectories(model, cfg, batch)
-    last_obs = batch["obs"][:, -1:]
-    no_done = torch.zeros(last_obs.shape[:2], device=last_obs.device)
+    last_obs = {key: obs[:, -1:] for key, obs in batch["obs"].items()}
+    no_done = torch.zeros_like(batch["dones"][:, :1])
     _, bootstrap = model.forward_sequence(last_obs, batch["rnn_states"][:, -1], no_done)
     return values, bootstrap[:, 0]
 
@@ -204,7 +213,7 @@ class Learner:
             self.stats["lag_min"].append(lags.min().item())
             self.stats["lag_max"].append(lags.max().item())
             self.stats["lag_avg"].append(lags.mean().item())
-            batch = {name: traj[name][keep].to(self.device) for name in
+            batch = {name: select(traj[name], keep, self.device) for name in
                      ("obs", "rnn_states", "actions", "log_probs", "rewards", "dones")}
             batch["dones"] = batch["dones"].float()
             if self.cfg.num_policies > 1:
@@ -232,6 +241,7 @@ class Learner:
         if batch is None:
             return
         with self.timing.time("sgd"):
+            self.model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
             values, bootstrap = value_pass(self.model, cfg, batch)
             batch["old_values"], batch["bootstrap"] = values, bootstrap
             advantages = targets = None
@@ -242,7 +252,7 @@ class Learner:
             num_minibatches = min(cfg.num_batches_per_iteration, n)
             for _ in range(cfg.ppo_epochs):
                 for mb_index in torch.randperm(n, device=self.device).chunk(num_minibatches):
-                    mb = {name: tensor[mb_index] for name, tensor in batch.items()}
+                    mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
                     step_stats = train_step(
                         self.model, self.optimizer, cfg, mb,
                         None if advantages is None else advantages[mb_index],

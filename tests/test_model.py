@@ -1,6 +1,5 @@
-"""Model: recurrent state handling, distributions."""
+"""Model: recurrent state handling, encoders and heads for every supported space, distributions."""
 
-import argparse
 import math
 
 import gymnasium as gym
@@ -8,40 +7,49 @@ import numpy as np
 import pytest
 import torch
 
+from appo.cfg import build_parser, resolve
 from appo.learner import forward_trajectories
 from appo.model import ActionDistribution, ActorCritic
+from appo.spaces import action_layout, action_spec, to_env_action
 
 
 def make_cfg(**overrides):
-    cfg = dict(hidden_size=16, mlp_layers=2, use_rnn=True, rnn_type="gru", recurrence=4)
-    cfg.update(overrides)
-    return argparse.Namespace(**cfg)
+    cfg = build_parser().parse_args(["--env=unused", "--hidden_size=16"])
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return resolve(cfg)
 
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 
 
-@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
-def test_sequence_matches_steps_with_reset_at_episode_end(rnn_type):
+def as_obs(x):
+    return {"obs": x}
+
+
+@pytest.mark.parametrize("rnn_type,shared", [("gru", True), ("lstm", True), ("gru", False)])
+def test_sequence_matches_steps_with_reset_at_episode_end(rnn_type, shared):
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg(rnn_type=rnn_type))
-    state_size = 16 * (2 if rnn_type == "lstm" else 1)
+    cfg = make_cfg(use_rnn=True, rnn_type=rnn_type, recurrence=4, actor_critic_share_weights=shared)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), cfg)
+    state_size = 16 * (2 if rnn_type == "lstm" else 1) * (1 if shared else 2)
     obs = torch.randn(2, 6, 3)
     dones = torch.zeros(2, 6)
     dones[0, 2] = 1.0  # episode of trajectory 0 ends after step 2
     start = torch.randn(2, state_size)
 
-    params, values = model.forward_sequence(obs, start, dones)
+    params, values = model.forward_sequence(as_obs(obs), start, dones)
 
     state = start
     for t in range(6):
-        step_params, step_values, state = model.forward_step(obs[:, t], state)
+        step_params, step_values, state = model.forward_step(as_obs(obs[:, t]), state)
+        assert state.shape == (2, state_size)
         assert torch.allclose(step_params, params[:, t], atol=1e-6)
         assert torch.allclose(step_values, values[:, t], atol=1e-6)
         state = state * (1 - dones[:, t:t + 1])
 
     # Without the reset, step 3 onwards of trajectory 0 would differ.
-    _, values_no_reset = model.forward_sequence(obs, start, torch.zeros(2, 6))
+    _, values_no_reset = model.forward_sequence(as_obs(obs), start, torch.zeros(2, 6))
     assert not torch.allclose(values_no_reset[0, 3:], values[0, 3:])
     assert torch.allclose(values_no_reset[1], values[1])
 
@@ -49,60 +57,127 @@ def test_sequence_matches_steps_with_reset_at_episode_end(rnn_type):
 def test_reset_state_equals_fresh_episode():
     """After a done, the next step sees exactly a zero state, as at the start of an episode."""
     torch.manual_seed(1)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg())
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg(use_rnn=True, recurrence=4))
     obs = torch.randn(1, 4, 3)
     dones = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
-    _, values = model.forward_sequence(obs, torch.randn(1, 16), dones)
-    _, fresh = model.forward_sequence(obs[:, 2:], torch.zeros(1, 16), torch.zeros(1, 2))
+    _, values = model.forward_sequence(as_obs(obs), torch.randn(1, 16), dones)
+    _, fresh = model.forward_sequence(as_obs(obs[:, 2:]), torch.zeros(1, 16), torch.zeros(1, 2))
     assert torch.allclose(values[:, 2:], fresh, atol=1e-6)
 
 
 def test_learner_chunks_start_from_recorded_states():
     """forward_trajectories cuts T=8 into chunks of recurrence=4 that start from the stored states."""
     torch.manual_seed(2)
-    cfg = make_cfg(recurrence=4)
+    cfg = make_cfg(use_rnn=True, recurrence=4)
     model = ActorCritic(OBS, gym.spaces.Discrete(2), cfg)
     obs = torch.randn(3, 9, 3)
     rnn_states = torch.randn(3, 9, 16)
     dones = torch.zeros(3, 8)
-    _, values = forward_trajectories(model, cfg, {"obs": obs, "rnn_states": rnn_states, "dones": dones})
-    _, second_chunk = model.forward_sequence(obs[:, 4:8], rnn_states[:, 4], dones[:, 4:8])
+    _, values = forward_trajectories(model, cfg, {"obs": as_obs(obs), "rnn_states": rnn_states, "dones": dones})
+    _, second_chunk = model.forward_sequence(as_obs(obs[:, 4:8]), rnn_states[:, 4], dones[:, 4:8])
     assert torch.allclose(values[:, 4:], second_chunk, atol=1e-6)
 
 
-def test_feedforward_shapes_box_actions():
-    model = ActorCritic(OBS, gym.spaces.Box(-2, 2, (2,), np.float32), make_cfg(use_rnn=False, recurrence=1))
-    params, values, state = model.forward_step(torch.randn(5, 3), torch.zeros(5, 1))
-    assert params.shape == (5, 4) and values.shape == (5,)
-    actions = model.distribution(params).sample()
-    assert actions.shape == (5, 2)
+IMAGE = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+OBS_SPACES = {
+    "vector": OBS,
+    "image": IMAGE,
+    "image_hwc": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
+    "dict": gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 48, 48), np.uint8), "state": OBS}),
+}
+ACTION_SPACES = {
+    "discrete": gym.spaces.Discrete(5),
+    "multi_discrete": gym.spaces.MultiDiscrete([3, 2, 4]),
+    "box": gym.spaces.Box(-2, 2, (2,), np.float32),
+    "tuple": gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32))),
+}
+
+
+def random_obs(space, batch):
+    if isinstance(space, gym.spaces.Dict):
+        return {key: random_obs(sub, batch)["obs"] for key, sub in space.spaces.items()}
+    return {"obs": torch.as_tensor(np.stack([space.sample() for _ in range(batch)]))}
+
+
+@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+@pytest.mark.parametrize("action_name", list(ACTION_SPACES))
+def test_shapes_for_every_space_combination(obs_name, action_name):
+    obs_space, action_space = OBS_SPACES[obs_name], ACTION_SPACES[action_name]
+    model = ActorCritic(obs_space, action_space, make_cfg(normalize_input=True))
+    params, values, _ = model.forward_step(random_obs(obs_space, 5), torch.zeros(5, 1))
+    assert values.shape == (5,)
+    dist = model.distribution(params)
+    actions = dist.sample()
+    shape, dtype = action_layout(action_space)
+    assert tuple(actions.shape) == (5, *shape)
+    assert dist.log_prob(actions).shape == (5,) and dist.entropy().shape == (5,)
+    stored = actions.detach().numpy().astype(dtype)
+    assert action_space.contains(to_env_action(action_space, stored[0]))
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_resnet"])
+def test_image_encoders(encoder):
+    model = ActorCritic(IMAGE, gym.spaces.Discrete(4), make_cfg(encoder=encoder))
+    obs = random_obs(IMAGE, 3)
+    assert obs["obs"].dtype == torch.uint8
+    params, values, _ = model.forward_step(obs, torch.zeros(3, 1))
+    assert params.shape == (3, 4) and values.shape == (3,)
 
 
 def test_distributions_match_torch():
     logits = torch.randn(4, 3)
-    dist = ActionDistribution(logits, discrete=True)
+    dist = ActionDistribution(logits, [("discrete", 3)], scalar_action=True)
     reference = torch.distributions.Categorical(logits=logits)
     actions = torch.tensor([0, 2, 1, 2])
     assert torch.allclose(dist.log_prob(actions), reference.log_prob(actions))
     assert torch.allclose(dist.entropy(), reference.entropy())
 
     mean, log_std = torch.randn(4, 2), torch.randn(4, 2) * 0.3
-    dist = ActionDistribution(torch.cat([mean, log_std], -1), discrete=False)
+    dist = ActionDistribution(torch.cat([mean, log_std], -1), [("gaussian", 2)], scalar_action=False)
     reference = torch.distributions.Normal(mean, log_std.exp())
     actions = torch.randn(4, 2)
     assert torch.allclose(dist.log_prob(actions), reference.log_prob(actions).sum(-1), atol=1e-5)
     assert torch.allclose(dist.entropy(), reference.entropy().sum(-1), atol=1e-5)
 
 
+def test_composite_distribution_is_a_product():
+    space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)))
+    spec = action_spec(space)
+    logits, mean, log_std = torch.randn(4, 3), torch.randn(4, 2), torch.randn(4, 2) * 0.2
+    dist = ActionDistribution(torch.cat([logits, mean, log_std], -1), spec, scalar_action=False)
+    actions = torch.cat([torch.tensor([[0.0], [2.0], [1.0], [1.0]]), torch.randn(4, 2)], -1)
+    expected = (torch.distributions.Categorical(logits=logits).log_prob(actions[:, 0].long())
+                + torch.distributions.Normal(mean, log_std.exp()).log_prob(actions[:, 1:]).sum(-1))
+    assert torch.allclose(dist.log_prob(actions), expected, atol=1e-5)
+
+
 def test_symmetric_kl_is_zero_at_prior_and_positive_elsewhere():
-    uniform = ActionDistribution(torch.zeros(1, 4), discrete=True)
+    uniform = ActionDistribution(torch.zeros(1, 4), [("discrete", 4)], True)
     assert uniform.symmetric_kl_to_prior().item() == pytest.approx(0.0, abs=1e-6)
-    peaked = ActionDistribution(torch.tensor([[5.0, 0.0]]), discrete=True)
+    peaked = ActionDistribution(torch.tensor([[5.0, 0.0]]), [("discrete", 2)], True)
     p = torch.softmax(torch.tensor([5.0, 0.0]), 0)
     expected = (p * (p / 0.5).log()).sum() + (0.5 * (0.5 / p).log()).sum()
     assert peaked.symmetric_kl_to_prior().item() == pytest.approx(expected.item(), rel=1e-5)
-    standard = ActionDistribution(torch.zeros(1, 4), discrete=False)
+    standard = ActionDistribution(torch.zeros(1, 4), [("gaussian", 2)], False)
     assert standard.symmetric_kl_to_prior().item() == pytest.approx(0.0, abs=1e-6)
-    shifted = ActionDistribution(torch.tensor([[1.0, math.log(2.0)]]), discrete=False)
-    # KL(N(1,4)||N(0,1)) + KL(N(0,1)||N(1,4)) = (0.5*(4+1-1) - ln2) + (0.5*((1+1)/4 - 1) + ln2)
+    shifted = ActionDistribution(torch.tensor([[1.0, 0.0, math.log(2.0), 0.0]]), [("gaussian", 2)], False)
+    # dim 0: KL(N(1,4)||N(0,1)) + KL(N(0,1)||N(1,4)) = (0.5*(4+1-1) - ln2) + (0.5*((1+1)/4 - 1) + ln2); dim 1: 0
     assert shifted.symmetric_kl_to_prior().item() == pytest.approx(2.0 - 0.25, rel=1e-5)
+
+
+def test_obs_normalisation_travels_with_the_weights():
+    """Inference normalises exactly as the learner does: the running stats are published with the weights."""
+    cfg = make_cfg(normalize_input=True)
+    learner_model = ActorCritic(OBS, gym.spaces.Discrete(2), cfg)
+    learner_model.update_obs_stats({"obs": torch.randn(500, 3) * 4 + 10})
+    assert learner_model.obs_norms["obs"].mean.mean().item() == pytest.approx(10, abs=1)
+    inference_model = ActorCritic(OBS, gym.spaces.Discrete(2), cfg)
+    # What WeightsPublisher/Subscriber copy: every floating state tensor, parameters and buffers alike.
+    source = [t for t in learner_model.state_dict().values() if t.is_floating_point()]
+    target = [t for t in inference_model.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    with torch.no_grad():
+        for s, t in zip(source, target):
+            t.copy_(s)
+    obs = {"obs": torch.randn(7, 3) * 4 + 10}
+    assert torch.equal(learner_model.forward_step(obs, torch.zeros(7, 1))[1],
+                       inference_model.forward_step(obs, torch.zeros(7, 1))[1])

@@ -1,0 +1,78 @@
+"""How observation and action spaces map onto shared-memory arrays (numpy only: actors import it).
+
+Observations are handled as a dict of arrays everywhere: a Box space becomes `{"obs": box}`, a Dict space
+keeps its keys (each a Box). `uint8` images stay `uint8` in shared memory; the model normalises them.
+
+Actions are stored as one flat vector per agent, with the parts of the space one after the other:
+Discrete and MultiDiscrete as integers (int64), Box as floats; a Tuple mixing both is stored as float32
+(integers are exact in float32 far beyond any action count). `action_spec` lists the parts for the model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+
+SINGLE_KEY = "obs"
+
+
+class SpaceError(TypeError):
+    """A space the trainer cannot represent; the message names it and what is supported."""
+
+
+def obs_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:
+    if isinstance(space, gym.spaces.Box):
+        return {SINGLE_KEY: space}
+    if isinstance(space, gym.spaces.Dict) and all(isinstance(s, gym.spaces.Box) for s in space.spaces.values()):
+        return dict(space.spaces)
+    raise SpaceError(f"unsupported observation space {space}; use Box or a Dict of Box spaces")
+
+
+def obs_dtype(space: gym.spaces.Box) -> np.dtype:
+    return np.dtype(np.uint8) if space.dtype == np.uint8 else np.dtype(np.float32)
+
+
+def obs_as_dict(obs) -> dict[str, np.ndarray]:
+    return obs if isinstance(obs, dict) else {SINGLE_KEY: obs}
+
+
+def action_spec(space: gym.Space) -> list[tuple[str, int]]:
+    """The parts of an action: ("discrete", number of choices) or ("gaussian", dimensions)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return [("discrete", int(space.n))]
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return [("discrete", int(n)) for n in space.nvec]
+    if isinstance(space, gym.spaces.Box):
+        return [("gaussian", int(math.prod(space.shape)))]
+    if isinstance(space, gym.spaces.Tuple):
+        return [part for sub in space.spaces for part in action_spec(sub)]
+    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, Box or a Tuple of them")
+
+
+def action_layout(space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of one agent's action in the trajectory buffers."""
+    spec = action_spec(space)
+    if isinstance(space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64)
+    size = sum(1 if kind == "discrete" else n for kind, n in spec)
+    all_discrete = all(kind == "discrete" for kind, _ in spec)
+    return (size,), np.dtype(np.int64 if all_discrete else np.float32)
+
+
+def to_env_action(space: gym.Space, action: np.ndarray):
+    """A stored action vector as the env expects it (Box parts clipped to their bounds)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(action)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return action.astype(space.dtype)
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype)
+    parts, offset = [], 0
+    for sub in space.spaces:
+        size = action_layout(sub)[0][0] if action_layout(sub)[0] else 1
+        chunk = action[offset:offset + size]
+        parts.append(to_env_action(sub, chunk[0] if isinstance(sub, gym.spaces.Discrete) else chunk))
+        offset += size
+    return tuple(parts)
