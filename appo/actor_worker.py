@@ -123,8 +123,7 @@ class ActorWorker:
             else:
                 with self.timing.time("wait_actions"):
                     messages = self._get_messages()
-            for message in messages:
-                self._handle(message)
+            self._handle(messages)
             self._maybe_report()
         self._report()
         for split in self.splits:
@@ -137,15 +136,17 @@ class ActorWorker:
         except Empty:
             return []
 
-    def _handle(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "act":
-            split = self.splits[message[1]]
-            split.pending -= 1
-            if split.pending == 0:
-                self._step_split(message[1])
-        elif kind == "release":
-            self._release(message[1])
+    def _handle(self, messages: list) -> None:
+        """Slot releases first: a split stepped now may need exactly the slots a release in this batch frees."""
+        for message in messages:
+            if message[0] == "release":
+                self._release(message[1])
+        for message in messages:
+            if message[0] == "act":
+                split = self.splits[message[1]]
+                split.pending -= 1
+                if split.pending == 0:
+                    self._step_split(message[1])
 
     # ---------------------------------------------------------------- stepping
     def _step_split(self, s: int) -> None:
@@ -301,6 +302,12 @@ class ActorWorker:
                 self.free_slots.append(slot)
 
     # ---------------------------------------------------------------- reporting
+    def _state(self) -> str:
+        """What this worker is waiting for, for the runner's stall report."""
+        waiting = [str(i) for i, split in enumerate(self.splits) if split.pending > 0]
+        return (f"splits waiting for actions [{','.join(waiting)}], {len(self.free_slots)} free slots, "
+                f"{len(self.deferred)} deferred messages")
+
     def _maybe_report(self) -> None:
         if time.monotonic() - self.last_report > REPORT_INTERVAL_S:
             self._report()
@@ -312,6 +319,7 @@ class ActorWorker:
             "episodes": self.finished_episodes,
             "timing": self.timing.take(),
             "env_errors": self.env_errors,
+            "state": self._state(),
         }))
         self.env_steps = 0
         self.env_errors = 0

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Limit BLAS/OpenMP threads in actor workers to one, so envs do not oversubscribe the cores.")
     add("--reset_timeout_seconds", type=float, default=120.0,
         help="Fail the run if an actor worker cannot create and reset its envs within this many seconds.")
+    add("--stall_timeout_seconds", type=float, default=120.0,
+        help="Fail the run, naming what each worker waits for, if no env step is made for this many seconds.")
     add("--default_niceness", type=int, default=0, help="Niceness (Unix priority) of the worker processes.")
     add("--max_policy_lag", type=int, default=100,
         help="Trajectories collected by a policy more than this many versions old are dropped and counted.")
@@ -174,7 +176,7 @@ POSITIVE_INTS = [
     "benchmark_env_steps", "benchmark_samples",
 ]
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
-                   "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds"]
+                   "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds"]
 # Flags that describe the model or the data layout; they must not change when resuming.
 ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies",
                       "encoder", "actor_critic_share_weights", "normalize_input"]

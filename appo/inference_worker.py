@@ -106,6 +106,7 @@ class InferenceWorker:
     def _report(self) -> None:
         self.report_queue.put(("inference", self.policy_id, {
             "samples": self.samples, "batches": self.batches, "timing": self.timing.take(),
+            "state": f"weights version {self.weights.version}",
         }))
         self.samples = self.batches = 0
 

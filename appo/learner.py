@@ -272,6 +272,8 @@ class Learner:
             "stats": stats, "env_steps": self.env_steps, "version": self.version, "samples": self.samples,
             "dropped": self.dropped, "train_steps": self.train_steps, "timing": self.timing.take(),
             "device": str(self.device),
+            "state": f"{len(self.pending)} trajectories pending (trains at {self.trajs_per_iteration}), "
+                     f"pause={int(self.sampler.pause_collection[self.policy_id])}",
         }))
         self.stats.clear()
         self.samples = 0

@@ -45,11 +45,16 @@ class Reports:
         self.timing: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.lag = {"min": float("inf"), "max": 0.0, "avg": []}
         self.device = "?"
+        self.states: dict[str, str] = {}  # last reported state of each worker, for stall reports
+        self.last_progress = self.start  # when env steps last moved
         self.writers = [SummaryWriter(os.path.join(exp_dir, "summaries", str(p)), flush_secs=10)
                         for p in range(self.num_policies)]
 
     # ---------------------------------------------------------------- intake
-    def on_actor(self, data: dict) -> None:
+    def on_actor(self, worker: int, data: dict) -> None:
+        self.states[f"actor_{worker}"] = data["state"]
+        if data["env_steps"] > 0:
+            self.last_progress = time.monotonic()
         if self.first_sample is None and data["env_steps"] > 0:
             self.first_sample = (time.monotonic(), self.sampled_env_steps)
         self.sampled_env_steps += data["env_steps"]
@@ -60,9 +65,11 @@ class Reports:
         self._add_timing("actor", data["timing"])
 
     def on_inference(self, policy: int, data: dict) -> None:
+        self.states[f"inference_p{policy}"] = data["state"]
         self._add_timing("inference", data["timing"])
 
     def on_learner(self, policy: int, data: dict) -> None:
+        self.states[f"learner_p{policy}"] = data["state"]
         self.env_steps[policy] = data["env_steps"]
         self.versions[policy] = data["version"]
         self.dropped[policy] += data["dropped"]

@@ -131,7 +131,7 @@ class Runner:
         for message in messages:
             kind = message[0]
             if kind == "actor":
-                self.reports.on_actor(message[2])
+                self.reports.on_actor(message[1], message[2])
             elif kind == "inference":
                 self.reports.on_inference(message[1], message[2])
             elif kind == "learner":
@@ -156,6 +156,11 @@ class Runner:
                            failed=True)
         if self.interrupted:
             return Outcome("interrupted", completed=False)
+        stalled = time.monotonic() - reports.last_progress
+        if actors_ready == cfg.num_workers and stalled > cfg.stall_timeout_seconds:
+            states = "; ".join(f"{name}: {state}" for name, state in sorted(reports.states.items()))
+            return Outcome(f"no env step for {stalled:.0f} s (--stall_timeout_seconds); worker states: {states}",
+                           completed=False, failed=True)
         if cfg.benchmark and reports.sampled_env_steps >= cfg.benchmark_env_steps:
             return Outcome(f"benchmark budget --benchmark_env_steps={cfg.benchmark_env_steps} reached", True)
         if cfg.benchmark and sum(reports.samples_total) >= cfg.benchmark_samples:

@@ -1,0 +1,55 @@
+"""The actor worker's message handling, driven directly with real envs, buffers and queues."""
+
+import gymnasium as gym
+import pytest
+from faster_fifo import Queue
+
+from appo.actor_worker import ActorWorker
+from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.cfg import build_parser, resolve
+
+
+def make_worker():
+    cfg = resolve(build_parser().parse_args(["--env=CartPole-v1", "--num_workers=1", "--num_envs_per_worker=4",
+                                             "--worker_num_splits=2", "--rollout=4", "--batch_size=16",
+                                             "--decorrelate_envs_on_one_worker=False"]))
+    env = gym.make("CartPole-v1")
+    layout = Layout.from_cfg(cfg, env.observation_space, env.action_space)
+    queues = {"inbox": Queue(), "policy": Queue(), "learner": Queue(), "report": Queue()}
+    worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), SamplerState(layout, 1), queues["inbox"],
+                         [queues["policy"]], [queues["learner"]], queues["report"])
+    worker.init_envs()
+    return worker, layout, queues
+
+
+@pytest.mark.timeout(30)
+def test_release_in_the_same_batch_frees_slots_for_the_step():
+    """An "act" that ends a rollout and a "release" of the slots it needs may arrive in one get_many batch."""
+    worker, layout, queues = make_worker()
+    held_by_learner = list(worker.free_slots)  # every spare slot is at the learner
+    worker.free_slots.clear()
+    worker.slot_refs[held_by_learner] = 1
+    split = worker.splits[0]
+    split.t, split.pending = layout.rollout - 1, 1
+    before = worker.sampler.cur_slot[0, 0].copy()
+
+    worker._handle([("act", 0), ("release", held_by_learner)])  # blocked forever before the fix
+
+    assert split.t == 0 and split.pending == 1
+    assert set(worker.sampler.cur_slot[0, 0]).isdisjoint(before)
+    kind, sent = queues["learner"].get(timeout=1)
+    assert kind == "traj" and sorted(sent) == sorted(before.tolist())
+    assert queues["policy"].get(timeout=1) == ("obs", 0, 0, 0)
+
+
+@pytest.mark.timeout(30)
+def test_a_step_writes_rewards_dones_and_next_observations():
+    worker, layout, queues = make_worker()
+    slots = worker.sampler.cur_slot[0, 1].copy()
+    worker.traj.actions[slots, 0] = 1
+    worker.splits[1].pending = 1
+    worker._handle([("act", 1)])
+    assert (worker.traj.rewards[slots, 0] == 0.1).all()  # CartPole's reward 1, times --reward_scale 0.1
+    assert not worker.traj.dones[slots, 0].any()
+    assert (worker.traj.obs["obs"][slots, 1] != worker.traj.obs["obs"][slots, 0]).any()
+    assert worker.splits[1].t == 1 and worker.env_steps == 2
