@@ -213,6 +213,7 @@ def validate(cfg: argparse.Namespace) -> None:
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
     env_kwargs(cfg)
+    validate_encoder(cfg.encoder)
     for name in ("experiment",):
         value = getattr(cfg, name)
         if not value or os.sep in value or value in (".", ".."):
@@ -240,6 +241,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[s
     cfg = build_parser().parse_args(argv)
     validate(cfg)
     return cfg, explicit_flags(argv)
+
+
+BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "impala_resnet")
+
+
+def validate_encoder(name: str) -> None:
+    """Without importing torch: built-in names, `module:factory`, or names registered by a launcher
+    (which imported appo.model to call register_encoder)."""
+    registered = sys.modules["appo.model"].ENCODERS if "appo.model" in sys.modules else {}
+    if name in BUILT_IN_ENCODERS or name in registered or ":" in name:
+        return
+    raise ConfigError(f"--encoder={name}: unknown; use {', '.join(BUILT_IN_ENCODERS)}, a name registered with "
+                      "appo.model.register_encoder, or package.module:factory")
 
 
 def env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:

@@ -28,6 +28,11 @@ class EnvError(Exception):
 
 _REGISTRY: dict[str, Callable[..., gym.Env]] = {}
 
+# Env families whose packages are optional: the pip extra of this project that installs each.
+EXTRAS = {"box2d": ("LunarLander", "BipedalWalker", "CarRacing"),
+          "mujoco": ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher",
+                     "InvertedPendulum", "InvertedDoublePendulum")}
+
 
 def register_env(name: str, make_fn: Callable[..., gym.Env]) -> None:
     """Make `--env=name` call `make_fn(**env_kwargs)`; call it in a module the workers import too."""
@@ -60,6 +65,10 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; workers step millions of times.
         return gym.make(env_id, disable_env_checker=True, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        extra = next((name for name, families in EXTRAS.items() if env_id.split("/")[-1].startswith(families)), None)
+        hint = f'pip install -e ".[{extra}]"' if extra else "install the package it names"
+        raise EnvError(f"--env={env_id}: a package it needs is missing ({exc}); {hint}") from exc
     except gym.error.Error as exc:
         raise EnvError(f"--env={env_id}: cannot be made ({exc}); use a registered gymnasium id such as "
                        f"CartPole-v1, 'package.module:EnvName-v0', or one of {sorted(_REGISTRY)}") from exc

@@ -59,7 +59,8 @@ def trainer(tmp_path):
     runner.assert_no_leftovers(before)
 
 
-def last_mean_reward(output: str) -> float:
-    rewards = re.findall(r"reward (-?[0-9.]+) length", output)
+def last_mean_reward(output: str, policy: int = 0) -> float:
+    """The mean episode reward of a policy in the trainer's last status line that reports one."""
+    rewards = re.findall(rf"p{policy}: [^|]*?reward (-?[0-9.]+) length", output)
     assert rewards, f"no reward reported in:\n{output[-2000:]}"
     return float(rewards[-1])

@@ -111,3 +111,12 @@ def test_seeded_single_worker_run_is_repeatable(trainer):
     (name_a, model_a), (name_b, model_b) = states
     assert name_a == name_b and name_a[0] > 5
     assert all(torch.equal(model_a[key], model_b[key]) for key in model_a)
+
+
+@pytest.mark.timeout(60)
+def test_a_stall_is_reported_not_a_silent_hang(trainer):
+    result = trainer.run("--env=tests.flaky_envs:HangingCartPole-v0", "--experiment=hang", "--stall_timeout_seconds=4",
+                         *FAST)
+    assert result.returncode == 1
+    assert "Run failed: no env step for" in result.stdout
+    assert "actor_0:" in result.stdout and "learner_p0:" in result.stdout

@@ -1,0 +1,43 @@
+"""Toy envs for every supported observation and action space (used by tests/test_envs.py).
+
+Reward 1 when the first part of the action is 0 (or negative for Box), so each is learnable, but the tests
+only check that the whole data path carries the spaces.
+"""
+
+import gymnasium as gym
+import numpy as np
+
+OBS = {
+    "vector": gym.spaces.Box(-1.0, 1.0, (5,), np.float32),
+    "image": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
+    "dict": gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
+                             "state": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)}),
+}
+ACTIONS = {
+    "discrete": gym.spaces.Discrete(3),
+    "multi_discrete": gym.spaces.MultiDiscrete([2, 3]),
+    "box": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+    "tuple": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))),
+}
+
+
+class SpacesEnv(gym.Env):
+    def __init__(self, obs: str = "vector", action: str = "discrete"):
+        self.observation_space, self.action_space = OBS[obs], ACTIONS[action]
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"{action!r} not in {self.action_space}"
+        first = np.ravel(action[0] if isinstance(action, tuple) else action)[0]
+        self.t += 1
+        return self.observation_space.sample(), float(first <= 0), False, self.t >= 20, {}
+
+
+def make_spaces_env(**kwargs) -> SpacesEnv:
+    return SpacesEnv(**kwargs)

@@ -1,0 +1,69 @@
+"""Benchmark mode, sampler-only mode and the benchmark scripts, with tiny budgets."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from appo.reporting import TIME_SHARES
+from tests.conftest import REPO
+
+TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]
+
+
+def read_summary(train_dir: str, experiment: str) -> dict:
+    with open(os.path.join(train_dir, experiment, "benchmark.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.timeout(60)
+def test_benchmark_summary_has_every_field_with_sane_values(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=bench", "--benchmark=True",
+                         "--benchmark_env_steps=30000", *TINY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Benchmark: CartPole-v1" in result.stdout and "bottleneck:" in result.stdout
+    summary = read_summary(trainer.train_dir, "bench")
+    assert summary["env_steps"] >= 25000 and summary["env_frames"] == summary["env_steps"]
+    assert 1000 < summary["env_frames_per_s"] < 1e6
+    assert 0 < summary["samples_per_s"] <= 2 * summary["env_steps_per_s"]
+    assert 0 < summary["measured_seconds"] <= summary["wall_seconds"]
+    assert 0 <= summary["policy_lag"]["min"] <= summary["policy_lag"]["avg"] <= summary["policy_lag"]["max"]
+    for component, keys in TIME_SHARES.items():
+        shares = summary["time_shares"][component]
+        assert set(shares) == set(keys) | {"other"}
+        assert all(0.0 <= value <= 1.0 for value in shares.values())
+        assert sum(shares.values()) == pytest.approx(1.0, abs=0.02)
+    assert summary["time_shares"]["learner"]["sgd"] > 0 and summary["bottleneck"]
+
+
+@pytest.mark.timeout(60)
+def test_sampler_only_performs_no_sgd_step(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=sampler", "--benchmark=True", "--sampler_only=True",
+                         "--benchmark_env_steps=30000", *TINY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_summary(trainer.train_dir, "sampler")
+    assert summary["sampler_only"] and summary["env_steps"] >= 25000
+    assert summary["samples_per_s"] == 0 and summary["time_shares"]["learner"]["sgd"] == 0
+    version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, "sampler"), 0)))
+    assert version == 0 and env_steps >= 25000  # trajectories were counted and recycled, never learned from
+
+
+@pytest.mark.timeout(120)
+def test_bench_scripts_run_end_to_end(tmp_path):
+    shm_before = set(os.listdir("/dev/shm"))
+    sampler = subprocess.run([sys.executable, "scripts/bench_sampler.py", "--env=CartPole-v1", "--num_workers=1",
+                              "--num_envs_per_worker=4", "--seconds=1"], cwd=REPO, capture_output=True, text=True,
+                             timeout=100)
+    assert sampler.returncode == 0, sampler.stdout + sampler.stderr
+    assert "raw limit" in sampler.stdout and "ratio" in sampler.stdout
+    out = tmp_path / "scaling"
+    scaling = subprocess.run([sys.executable, "scripts/bench_scaling.py", "--max_workers=2", "--seconds=1",
+                              f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert scaling.returncode == 0, scaling.stdout + scaling.stderr
+    rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
+    assert [row["workers"] for row in rows] == [1, 2]
+    assert all(row["raw"] > 0 and row["trainer"] > 0 for row in rows)
+    assert set(os.listdir("/dev/shm")) == shm_before

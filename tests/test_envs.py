@@ -1,0 +1,68 @@
+"""Env families through the whole trainer: user envs, every space combination, multi-agent."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from tests.conftest import REPO, last_mean_reward
+from tests.space_envs import ACTIONS, OBS
+
+SMALL = ["--num_workers=1", "--num_envs_per_worker=4", "--report_interval=1", "--batch_size=256",
+         "--decorrelate_envs_on_one_worker=False"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("obs", list(OBS))
+@pytest.mark.parametrize("action", list(ACTIONS))
+def test_every_space_combination_runs(trainer, obs, action):
+    kwargs = json.dumps({"obs": obs, "action": action})
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}",
+                         f"--experiment={obs}_{action}", "--train_for_env_steps=3000", "--hidden_size=32", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    exp_dir = os.path.join(trainer.train_dir, f"{obs}_{action}")
+    version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
+    assert version >= 3 and env_steps >= 3000
+
+
+@pytest.mark.timeout(60)
+def test_user_env_registered_by_name_trains(trainer):
+    command = [sys.executable, "tests/user_launcher.py", f"--train_dir={trainer.train_dir}", "--env=my_corridor",
+               "--experiment=by_name", "--train_for_env_steps=40000", *SMALL]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_mean_reward(result.stdout) > 0.5  # random play: about -0.5; best: 0.86
+
+
+@pytest.mark.timeout(60)
+def test_user_env_given_as_module_function_trains(trainer):
+    result = trainer.run("--env=tests.user_env:make_corridor", "--experiment=by_function",
+                         "--train_for_env_steps=40000", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_mean_reward(result.stdout) > 0.5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policies", [1, 2])
+def test_multi_agent_env_is_learned(trainer, policies):
+    result = trainer.run("--env=coop_multi_agent", f"--experiment=coop{policies}", f"--num_policies={policies}",
+                         "--train_for_env_steps=250000", "--num_workers=2", "--num_envs_per_worker=8",
+                         "--report_interval=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Random play scores about 6.3 per agent per episode, the best play 49.6.
+    for policy in range(policies):
+        assert last_mean_reward(result.stdout, policy) > 25, result.stdout[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_unknown_encoder_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "appo.train", "--env=CartPole-v1", f"--train_dir={tmp_path}",
+                             "--encoder=no_such_encoder"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--encoder=no_such_encoder" in lines[0]
+    assert not os.listdir(tmp_path)
