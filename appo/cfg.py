@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--stall_timeout_seconds", type=float, default=120.0,
         help="Fail the run, naming what each worker waits for, if no env step is made for this many seconds.")
     add("--default_niceness", type=int, default=0, help="Niceness (Unix priority) of the worker processes.")
+    add("--learner_torch_threads", type=int, default=1,
+        help="CPU threads for the learner's torch ops; more helps CPU-only training of CNNs when cores are free.")
     add("--max_policy_lag", type=int, default=100,
         help="Trajectories collected by a policy more than this many versions old are dropped and counted.")
 
@@ -173,7 +175,7 @@ POSITIVE_INTS = [
     "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies", "policy_workers_per_policy",
     "rollout", "min_traj_buffers_per_worker", "hidden_size", "batch_size", "num_batches_per_iteration",
     "ppo_epochs", "num_minibatches_to_accumulate", "keep_checkpoints", "stats_avg", "train_for_env_steps",
-    "benchmark_env_steps", "benchmark_samples",
+    "benchmark_env_steps", "benchmark_samples", "learner_torch_threads",
 ]
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
                    "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds"]

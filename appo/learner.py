@@ -41,9 +41,10 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
                advantages: Tensor | None, targets: Tensor | None) -> dict[str, float]:
     """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics.
 
-    `mb` holds whole trajectories [n, T]; `old_values` and `bootstrap` come from the value pass made
-    at the start of the iteration. With GAE the advantages and targets are precomputed; with V-trace
-    they are computed here from the current policy's log-probabilities.
+    `mb` holds whole trajectories [n, T]; `values` are the behaviour values stored by inference (the
+    old values of PPO's value clipping) and `bootstrap` the value after the last step. With GAE the
+    advantages and targets are precomputed; with V-trace they are computed here from the current
+    policy's log-probabilities.
     """
     params, values = forward_trajectories(model, cfg, mb)
     dist = model.distribution(params)
@@ -58,7 +59,7 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
         advantages = losses.normalize(advantages, mask)
 
     policy_loss = losses.ppo_policy_loss(ratio, advantages, cfg.ppo_clip_ratio, mask)
-    value_loss = losses.clipped_value_loss(values, mb["old_values"], targets, cfg.ppo_clip_value, mask)
+    value_loss = losses.clipped_value_loss(values, mb["values"], targets, cfg.ppo_clip_value, mask)
     entropy = losses.masked_mean(dist.entropy(), mask)
     if cfg.exploration_loss == "entropy":
         exploration_loss = -entropy
@@ -109,13 +110,16 @@ def forward_trajectories(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> t
 
 
 @torch.no_grad()
-def value_pass(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """Values [n, T] of every step under the current weights, and the bootstrap value [n] after the last."""
-    _, values = forward_trajectories(model, cfg, batch)
+def bootstrap_values(model: ActorCritic, batch: dict[str, Tensor]) -> Tensor:
+    """Value [n] of the observation after each trajectory's last step, under the current weights.
+
+    Every other step already has its value from inference (the behaviour value, which is what PPO's
+    GAE and value clipping use), so only these 1/T of the observations need a forward pass here.
+    """
     last_obs = {key: obs[:, -1:] for key, obs in batch["obs"].items()}
     no_done = torch.zeros_like(batch["dones"][:, :1])
     _, bootstrap = model.forward_sequence(last_obs, batch["rnn_states"][:, -1], no_done)
-    return values, bootstrap[:, 0]
+    return bootstrap[:, 0]
 
 
 class Learner:
@@ -214,7 +218,7 @@ class Learner:
             self.stats["lag_max"].append(lags.max().item())
             self.stats["lag_avg"].append(lags.mean().item())
             batch = {name: select(traj[name], keep, self.device) for name in
-                     ("obs", "rnn_states", "actions", "log_probs", "rewards", "dones")}
+                     ("obs", "rnn_states", "actions", "log_probs", "values", "rewards", "dones")}
             batch["dones"] = batch["dones"].float()
             if self.cfg.num_policies > 1:
                 batch["mask"] = valid[fresh].float().to(self.device)
@@ -242,11 +246,10 @@ class Learner:
             return
         with self.timing.time("sgd"):
             self.model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
-            values, bootstrap = value_pass(self.model, cfg, batch)
-            batch["old_values"], batch["bootstrap"] = values, bootstrap
+            batch["bootstrap"] = bootstrap_values(self.model, batch)
             advantages = targets = None
             if not cfg.with_vtrace:
-                advantages, targets = losses.gae(batch["rewards"], batch["dones"], values, bootstrap,
+                advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"], batch["bootstrap"],
                                                  cfg.gamma, cfg.gae_lambda)
             n = batch["rewards"].shape[0]
             num_minibatches = min(cfg.num_batches_per_iteration, n)
@@ -283,6 +286,6 @@ class Learner:
 def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inbox, actor_inboxes, report_queue, weights_name,
                 exp_dir) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.learner_torch_threads)
     Learner(cfg, layout, spaces, policy_id, traj, sampler, inbox, actor_inboxes, report_queue, weights_name,
             exp_dir).run()

@@ -203,14 +203,19 @@ def diagnose(summary: dict) -> str:
     actor, inference, learner = (summary["time_shares"][c] for c in ("actor", "inference", "learner"))
     processes = summary["num_workers"] + summary["num_policies"] * 2
     saturated = processes > (summary["cpu_count"] or 1)
+    busy = {"actors": actor["env_step"], "inference": inference["forward"],
+            "learner": 0.0 if summary["sampler_only"] else learner["sgd"] + learner["batching"]}
     if actor["wait_buffers"] > 0.25 and not summary["sampler_only"]:
         return (f"learner: actors wait {actor['wait_buffers']:.0%} of their time for trajectory slots while the "
-                f"learner spends {learner['sgd']:.0%} in SGD; lower --ppo_epochs or --num_batches_per_iteration, "
-                "or use --device=cuda")
+                f"learner is busy {busy['learner']:.0%}; lower --ppo_epochs or --num_batches_per_iteration, raise "
+                "--learner_torch_threads if cores are free, or use --device=cuda")
+    if busy["inference"] >= max(busy.values()) and busy["inference"] > 0.6:
+        return (f"inference: busy {busy['inference']:.0%} while actors wait {actor['wait_actions']:.0%} for actions; "
+                "add --policy_workers_per_policy or use --device=cuda")
+    if busy["learner"] >= max(busy.values()) and busy["learner"] > 0.6:
+        return (f"learner: busy {busy['learner']:.0%} of its time; lower --ppo_epochs or --num_batches_per_iteration, "
+                "raise --learner_torch_threads if cores are free, or use --device=cuda")
     if actor["wait_actions"] > actor["env_step"]:
-        if inference["forward"] > 0.6:
-            return (f"inference: actors wait {actor['wait_actions']:.0%} for actions and the inference worker is "
-                    f"busy {inference['forward']:.0%}; add --policy_workers_per_policy or use --device=cuda")
         if saturated:
             return (f"CPU: {processes} busy processes share {summary['cpu_count']} cores, actors wait "
                     f"{actor['wait_actions']:.0%} for actions; raise --num_envs_per_worker (bigger batches, fewer "
