@@ -8,9 +8,11 @@ learner processes import torch after the fork (actors stay light, CUDA is never 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
+import pickle
 import secrets
 import signal
 import time
@@ -26,6 +28,12 @@ from utils.logs import log
 from utils.process import start_component
 
 SHUTDOWN_SECONDS = 8.0
+
+
+def make_queue(max_size_bytes: int = 1_000_000) -> Queue:
+    """A faster-fifo queue with plain pickle: the default ForkingPickler costs ~10 us more per message."""
+    return Queue(max_size_bytes=max_size_bytes, loads=pickle.loads,
+                 dumps=functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
@@ -47,10 +55,10 @@ class Runner:
         self.traj = TrajBuffers(self.layout)
         self.sampler = SamplerState(self.layout, cfg.num_policies)
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
-        self.report_queue = Queue(max_size_bytes=10_000_000)
-        self.actor_inboxes = [Queue() for _ in range(cfg.num_workers)]
-        self.policy_queues = [Queue() for _ in range(cfg.num_policies)]
-        self.learner_inboxes = [Queue() for _ in range(cfg.num_policies)]
+        self.report_queue = make_queue(10_000_000)
+        self.actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
+        self.policy_queues = [make_queue() for _ in range(cfg.num_policies)]
+        self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
         self.processes: list[multiprocessing.Process] = []
         self.ready: set[str] = set()
