@@ -210,8 +210,12 @@ def diagnose(summary: dict) -> str:
                 f"learner is busy {busy['learner']:.0%}; lower --ppo_epochs or --num_batches_per_iteration, raise "
                 "--learner_torch_threads if cores are free, or use --device=cuda")
     if busy["inference"] >= max(busy.values()) and busy["inference"] > 0.6:
+        remedy = "add --policy_workers_per_policy or use --device=cuda"
+        if saturated:
+            remedy = ("fewer, larger requests (--num_envs_per_worker) or --device=cuda; more inference workers "
+                      "cannot help on saturated cores")
         return (f"inference: busy {busy['inference']:.0%} while actors wait {actor['wait_actions']:.0%} for actions; "
-                "add --policy_workers_per_policy or use --device=cuda")
+                f"{remedy}")
     if busy["learner"] >= max(busy.values()) and busy["learner"] > 0.6:
         return (f"learner: busy {busy['learner']:.0%} of its time; lower --ppo_epochs or --num_batches_per_iteration, "
                 "raise --learner_torch_threads if cores are free, or use --device=cuda")
