@@ -2,8 +2,9 @@
 
 All bulk data lives in anonymous shared mappings created by the runner before it forks the workers,
 so every process sees the same memory, nothing is pickled on the hot path, and no `/dev/shm` entry
-exists to leak. Actor workers use the numpy views; inference and learner wrap the same memory as
-torch tensors without copies (`torch_views`).
+exists to leak. Actor workers use the numpy views; the learner wraps the same memory as torch tensors
+without copies (`torch_views`); inference gathers each batch through numpy (cheaper for small index sets)
+and hands torch only the gathered batch.
 
 Trajectory slot layout (`num_slots` slots, `T = --rollout`):
 

@@ -36,7 +36,7 @@ class InferenceWorker:
         self.sampler, self.request_queue = sampler, request_queue
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
         self.device = resolve_device(cfg.device)
-        self.traj_np = traj
+        self.traj = traj
         self.model = ActorCritic(*spaces, cfg).to(self.device).eval()
         self.weights = WeightsSubscriber(self.model, weights_name, sampler, policy_id)
         self.generator = torch.Generator(self.device)
@@ -83,7 +83,7 @@ class InferenceWorker:
         # Gathers and scatters go through numpy views of the shared memory: for the small index sets of
         # one batch numpy's fancy indexing costs a fraction of torch's. Torch runs only the model.
         slots, steps = self._locate(requests)
-        traj, device = self.traj_np, self.device
+        traj, device = self.traj, self.device
         obs = {key: torch.from_numpy(array[slots, steps]).to(device) for key, array in traj.obs.items()}
         rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
         params, values, next_rnn_states = self.model.forward_step(obs, rnn_states)
