@@ -359,5 +359,5 @@ class ActorWorker:
 def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, policy_queues, learner_inboxes,
                      report_queue) -> None:
     cpu = worker if cfg.set_workers_cpu_affinity else None
-    init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread)
+    init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread, extra_niceness=cfg.actor_niceness)
     ActorWorker(cfg, layout, worker, traj, sampler, inbox, policy_queues, learner_inboxes, report_queue).run()

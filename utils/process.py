@@ -14,11 +14,11 @@ from typing import Any
 from utils.logs import log
 
 
-def init_worker(cfg, cpu: int | None, single_thread: bool) -> None:
+def init_worker(cfg, cpu: int | None, single_thread: bool, extra_niceness: int = 0) -> None:
     """Ctrl-C is handled by the runner alone; workers stop when it tells them to."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if cfg.default_niceness:
-        os.nice(cfg.default_niceness)
+    if cfg.default_niceness + extra_niceness:
+        os.nice(cfg.default_niceness + extra_niceness)
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         available = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {available[cpu % len(available)]})
