@@ -181,7 +181,7 @@ class Reports:
             "env": env_name, "num_workers": cfg.num_workers, "num_envs_per_worker": cfg.num_envs_per_worker,
             "worker_num_splits": cfg.worker_num_splits, "num_policies": cfg.num_policies,
             "sampler_only": cfg.sampler_only, "device": self.device, "cpu_count": os.cpu_count(),
-            "actor_niceness": cfg.actor_niceness,
+            "actor_niceness": cfg.actor_niceness, "processes": sum(processes.values()) + 1,  # + runner
             "wall_seconds": wall, "measured_seconds": measured,
             "env_steps": env_steps, "env_frames": env_steps * self.frames_per_step,
             "env_steps_per_s": env_steps / measured,
@@ -202,7 +202,7 @@ class Reports:
 def diagnose(summary: dict) -> str:
     """One line naming the component that limits throughput and the flag that would move it."""
     actor, inference, learner = (summary["time_shares"][c] for c in ("actor", "inference", "learner"))
-    processes = summary["num_workers"] + summary["num_policies"] * 2
+    processes = summary["processes"]
     saturated = processes > (summary["cpu_count"] or 1)
     busy = {"actors": actor["env_step"], "inference": inference["forward"],
             "learner": 0.0 if summary["sampler_only"] else learner["sgd"] + learner["batching"]}

@@ -71,7 +71,8 @@ def to_env_action(space: gym.Space, action: np.ndarray):
         return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype)
     parts, offset = [], 0
     for sub in space.spaces:
-        size = action_layout(sub)[0][0] if action_layout(sub)[0] else 1
+        shape = action_layout(sub)[0]
+        size = shape[0] if shape else 1
         chunk = action[offset:offset + size]
         parts.append(to_env_action(sub, chunk[0] if isinstance(sub, gym.spaces.Discrete) else chunk))
         offset += size

@@ -35,10 +35,9 @@ def prepare(cfg: argparse.Namespace, given: set[str]
     exp_dir = experiment_dir(cfg)
     notes: list[str] = []
     resuming = not cfg.restart and os.path.exists(os.path.join(exp_dir, "cfg.json"))
-    initial_env_steps = [0] * cfg.num_policies
+    initial_env_steps = [0] * cfg.num_policies  # --num_policies cannot change on resume
     if resuming:
         cfg, notes = merge_resumed(cfg, given, load_saved_cfg(os.path.join(exp_dir, "cfg.json")))
-        initial_env_steps = [0] * cfg.num_policies
         for p in range(cfg.num_policies):
             latest = latest_checkpoint(checkpoint_dir(exp_dir, p))
             if latest is not None:

@@ -26,9 +26,9 @@ class _FlatWeights:
     def __init__(self, model: nn.Module, segment: mmap.mmap):
         self.segment = segment
         self.tensors = _state_tensors(model)
-        numel = sum(t.numel() for t in self.tensors)
-        self.flat = torch.from_numpy(np.ndarray((numel,), dtype=np.float32, buffer=segment))
-        self.views = list(torch.split(self.flat, [t.numel() for t in self.tensors]))
+        self.sizes = [t.numel() for t in self.tensors]
+        self.flat = torch.from_numpy(np.ndarray((sum(self.sizes),), dtype=np.float32, buffer=segment))
+        self.views = list(torch.split(self.flat, self.sizes))
 
     @staticmethod
     def nbytes(model: nn.Module) -> int:
@@ -78,7 +78,7 @@ class WeightsSubscriber(_FlatWeights):
                 if int(seq[self.policy_id]) == before:
                     break
             time.sleep(0.0001)
-        for view, tensor in zip(torch.split(snapshot, [t.numel() for t in self.tensors]), self.tensors):
+        for view, tensor in zip(torch.split(snapshot, self.sizes), self.tensors):
             tensor.copy_(view.view_as(tensor))
         self.version = version
         return True
