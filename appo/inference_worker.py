@@ -8,6 +8,7 @@ each actor that its split may step.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -21,6 +22,8 @@ from utils.process import init_worker
 from utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
+# A small batch waits at most this long for more requests (see InferenceWorker._next_requests).
+MAX_BATCH_WAIT_S = 0.001
 
 
 def resolve_device(name: str) -> torch.device:
@@ -47,6 +50,14 @@ class InferenceWorker:
         self.timing = Timing()
         self.samples = 0
         self.batches = 0
+        self.requests = 0
+        # Each forward pass has a fixed cost (~0.2 ms of torch dispatch on CPU) whatever its size. With
+        # many (worker, split) streams sending requests, batches of one or two requests would spend most
+        # of the CPU on that cost, so small batches wait briefly for more: at most MAX_BATCH_WAIT_S, far
+        # less than a split's step, so double-buffered actors do not notice.
+        streams = cfg.num_workers * cfg.worker_num_splits / cfg.policy_workers_per_policy
+        self.min_batch_requests = max(1, int(streams // 8))
+        self.request_rate = 0.0  # requests per second, measured over the last report interval
 
     def run(self) -> None:
         self.weights.update()
@@ -54,19 +65,31 @@ class InferenceWorker:
         last_report = time.monotonic()
         while not self.sampler.stop[0]:
             with self.timing.time("wait"):
-                try:
-                    requests = self.request_queue.get_many(timeout=0.1)
-                except Empty:
-                    requests = []
+                requests = self._next_requests()
             if requests:
                 with self.timing.time("weights"):
                     self.weights.update()
                 with self.timing.time("forward"):
                     self._serve(requests)
-            if time.monotonic() - last_report > REPORT_INTERVAL_S:
+            now = time.monotonic()
+            if now - last_report > REPORT_INTERVAL_S:
+                self.request_rate = self.requests / (now - last_report)
                 self._report()
-                last_report = time.monotonic()
+                last_report = now
         self._report()
+
+    def _next_requests(self) -> list:
+        """Every pending request; when fewer than min_batch_requests, after a wait for the missing ones."""
+        try:
+            requests = self.request_queue.get_many(timeout=0.1)
+        except Empty:
+            return []
+        missing = self.min_batch_requests - len(requests)
+        if missing > 0 and self.request_rate > 0:
+            time.sleep(min(MAX_BATCH_WAIT_S, missing / self.request_rate))
+            with contextlib.suppress(Empty):
+                requests += self.request_queue.get_many(block=False)
+        return requests
 
     def _locate(self, requests: list) -> tuple[np.ndarray, np.ndarray]:
         """Slot and step index of every env-agent of this policy named by the requests."""
@@ -102,13 +125,14 @@ class InferenceWorker:
             self.actor_inboxes[worker].put(("act", split))
         self.samples += len(slots)
         self.batches += 1
+        self.requests += len(requests)
 
     def _report(self) -> None:
         self.report_queue.put(("inference", self.policy_id, {
             "samples": self.samples, "batches": self.batches, "timing": self.timing.take(),
             "state": f"weights version {self.weights.version}",
         }))
-        self.samples = self.batches = 0
+        self.samples = self.batches = self.requests = 0
 
 
 def run_inference_worker(cfg, layout, spaces, policy_id, index, traj, sampler, request_queue, actor_inboxes,

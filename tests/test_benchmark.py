@@ -37,6 +37,8 @@ def test_benchmark_summary_has_every_field_with_sane_values(trainer):
         assert all(0.0 <= value <= 1.0 for value in shares.values())
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.02)
     assert summary["time_shares"]["learner"]["sgd"] > 0 and summary["bottleneck"]
+    # 2 workers x 4 envs in 2 splits: a forward pass serves 1 to 4 requests of 2 observations.
+    assert 2 <= summary["inference_batch_size"] <= 8
 
 
 @pytest.mark.timeout(60)
