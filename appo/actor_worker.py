@@ -120,6 +120,7 @@ class ActorWorker:
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
         self.init_envs()
+        self.timing = Timing()  # time shares describe the main loop, not env creation
         self.report_queue.put(("ready", f"actor_{self.worker}"))
         if self.cfg.decorrelate_experience_max_seconds > 0:
             time.sleep(self.rng.uniform(0, self.cfg.decorrelate_experience_max_seconds))

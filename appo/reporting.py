@@ -11,6 +11,7 @@ import time
 from collections import defaultdict, deque
 
 import numpy as np
+import psutil
 from tensorboardX import SummaryWriter
 
 FPS_WINDOWS = (10, 60, 300)
@@ -31,6 +32,7 @@ class Reports:
         self.frames_per_step = frames_per_step
         self.start = time.monotonic()
         self.first_sample: tuple[float, int] | None = None  # (time, env steps) of the first actor report
+        self.cpu_at_first_sample = psutil.cpu_times()
         self.sampled_env_steps = 0  # this session, all policies, from actor reports
         self.frame_history: deque[tuple[float, int]] = deque([(self.start, 0)])
         self.episodes = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
@@ -54,16 +56,17 @@ class Reports:
     # ---------------------------------------------------------------- intake
     def on_actor(self, worker: int, data: dict) -> None:
         self.states[f"actor_{worker}"] = data["state"]
+        self._add_timing("actor", data["timing"])
         if data["env_steps"] > 0:
             self.last_progress = time.monotonic()
         if self.first_sample is None and data["env_steps"] > 0:
             self.first_sample = (time.monotonic(), self.sampled_env_steps)
+            self.cpu_at_first_sample = psutil.cpu_times()
         self.sampled_env_steps += data["env_steps"]
         self.env_errors += data["env_errors"]
         for policy, reward, length in data["episodes"]:
             self.episodes[policy].append((reward, length))
             self.episodes_total[policy] += 1
-        self._add_timing("actor", data["timing"])
 
     def on_inference(self, policy: int, data: dict) -> None:
         self.states[f"inference_p{policy}"] = data["state"]
@@ -88,6 +91,9 @@ class Reports:
         self._add_timing("learner", data["timing"])
 
     def _add_timing(self, component: str, timing: dict[str, float]) -> None:
+        """Time shares describe the steady state: periods reported before the first sample are left out."""
+        if self.first_sample is None:
+            return
         for key, seconds in timing.items():
             self.timing[component][key] += seconds
 
@@ -166,7 +172,7 @@ class Reports:
 
     # ---------------------------------------------------------------- benchmark
     def benchmark_summary(self, env_name: str) -> dict:
-        """Throughput since the first sample, and where each component's time went since start-up."""
+        """Throughput, and where each component's time went, from the first sample on."""
         cfg = self.cfg
         now = time.monotonic()
         wall = now - self.start
@@ -177,7 +183,7 @@ class Reports:
                      "learner": cfg.num_policies}
         shares = {}
         for component, keys in TIME_SHARES.items():
-            total = processes[component] * wall
+            total = max(self.timing[component].get("elapsed", 0.0), 1e-9)  # summed over the component's processes
             shares[component] = {key: self.timing[component].get(key, 0.0) / total for key in keys}
             shares[component]["other"] = max(0.0, 1.0 - sum(shares[component].values()))
         summary = {
@@ -194,6 +200,7 @@ class Reports:
                            "avg": float(np.mean(self.lag["avg"])) if self.lag["avg"] else 0.0},
             "time_shares": shares,
             "inference_batch_size": self.inference_obs / max(self.inference_batches, 1),
+            "cpu_busy": _cpu_busy(self.cpu_at_first_sample, psutil.cpu_times()),
         }
         summary["bottleneck"] = diagnose(summary)
         return summary
@@ -203,11 +210,19 @@ class Reports:
             writer.close()
 
 
+def _cpu_busy(before, after) -> float:
+    """Fraction of all cores' time spent busy between two psutil.cpu_times() readings."""
+    total = sum(after) - sum(before)
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0.0) - getattr(before, "iowait", 0.0))
+    return 1.0 - idle / total if total > 0 else 0.0
+
+
 def diagnose(summary: dict) -> str:
     """One line naming the component that limits throughput and the flag that would move it."""
     actor, inference, learner = (summary["time_shares"][c] for c in ("actor", "inference", "learner"))
     processes = summary["processes"]
-    saturated = processes > (summary["cpu_count"] or 1)
+    cpu = summary["cpu_busy"]
+    saturated = cpu > 0.9
     busy = {"actors": actor["env_step"], "inference": inference["forward"],
             "learner": 0.0 if summary["sampler_only"] else learner["sgd"] + learner["batching"]}
     if actor["wait_buffers"] > 0.25 and not summary["sampler_only"]:
@@ -228,15 +243,15 @@ def diagnose(summary: dict) -> str:
                 "raise --learner_torch_threads if cores are free, or use --device=cuda")
     if actor["wait_actions"] > actor["env_step"]:
         if saturated and summary["actor_niceness"] == 0:
-            return (f"CPU: {processes} busy processes share {summary['cpu_count']} cores and actors wait "
+            return (f"CPU: {processes} processes keep {summary['cpu_count']} cores {cpu:.0%} busy and actors wait "
                     f"{actor['wait_actions']:.0%} for actions; --actor_niceness=10 lets inference run first")
         if saturated:
-            return (f"CPU: {processes} busy processes share {summary['cpu_count']} cores, actors wait "
+            return (f"CPU: {processes} processes keep {summary['cpu_count']} cores {cpu:.0%} busy, actors wait "
                     f"{actor['wait_actions']:.0%} for actions; raise --num_envs_per_worker (bigger batches, fewer "
                     "messages) rather than --num_workers")
         return (f"round trips: actors wait {actor['wait_actions']:.0%} for actions while inference is busy only "
                 f"{inference['forward']:.0%}; raise --num_envs_per_worker or --worker_num_splits")
-    more = "raise --num_workers" if not saturated else "a faster env or more cores (the cores are saturated)"
+    more = "raise --num_workers" if not saturated else f"a faster env or more cores (cores {cpu:.0%} busy)"
     return f"env stepping: actors spend {actor['env_step']:.0%} of their time in env.step; {more}"
 
 
@@ -250,6 +265,7 @@ def format_benchmark(summary: dict) -> str:
         f"{summary['measured_seconds']:.1f} s after the first sample; {summary['wall_seconds']:.1f} s wall)",
         f"  samples/s      {summary['samples_per_s']:12,.0f}   (trained)",
         f"  policy lag     {lag['min']:.0f} / {lag['avg']:.1f} / {lag['max']:.0f} (min / avg / max versions)",
+        f"  CPU busy       {summary['cpu_busy']:12.0%}   (all {summary['cpu_count']} cores, since the first sample)",
     ]
     for component, keys in TIME_SHARES.items():
         shares = summary["time_shares"][component]

@@ -39,6 +39,7 @@ def test_benchmark_summary_has_every_field_with_sane_values(trainer):
     assert summary["time_shares"]["learner"]["sgd"] > 0 and summary["bottleneck"]
     # 2 workers x 4 envs in 2 splits: a forward pass serves 1 to 4 requests of 2 observations.
     assert 2 <= summary["inference_batch_size"] <= 8
+    assert 0.0 < summary["cpu_busy"] <= 1.0
 
 
 @pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ class Timing:
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        self.since = time.perf_counter()
 
     @contextmanager
     def time(self, key: str) -> Iterator[None]:
@@ -26,6 +27,10 @@ class Timing:
         self.totals[key] += seconds
 
     def take(self) -> dict[str, float]:
+        """Seconds per activity since the last take, and under "elapsed" the length of that period."""
+        now = time.perf_counter()
         totals = dict(self.totals)
+        totals["elapsed"] = now - self.since
         self.totals.clear()
+        self.since = now
         return totals
