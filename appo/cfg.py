@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="One encoder (and core) for policy and value heads; False gives the critic its own.")
     add("--normalize_input", type=str2bool, default=False,
         help="Normalise float observations by running mean/std (kept by the learner, used by inference).")
+    add("--normalize_returns", type=str2bool, default=False,
+        help="Learn values in units of the running mean/std of the value targets, whatever the reward scale; "
+             "an alternative to tuning --reward_scale.")
     add("--hidden_size", type=int, default=64, help="Width of the MLP encoder layers and of the RNN core.")
     add("--mlp_layers", type=int, default=2, help="Number of hidden layers in the MLP encoder.")
     add("--use_rnn", type=str2bool, default=False, help="Use a recurrent core after the encoder.")
@@ -184,7 +187,7 @@ POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_
                    "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds"]
 # Flags that describe the model or the data layout; they must not change when resuming.
 ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies",
-                      "encoder", "actor_critic_share_weights", "normalize_input"]
+                      "encoder", "actor_critic_share_weights", "normalize_input", "normalize_returns"]
 
 
 def validate(cfg: argparse.Namespace) -> None:

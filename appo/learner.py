@@ -44,7 +44,8 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
     `mb` holds whole trajectories [n, T]; `values` are the behaviour values stored by inference (the
     old values of PPO's value clipping) and `bootstrap` the value after the last step. With GAE the
     advantages and targets are precomputed; with V-trace they are computed here from the current
-    policy's log-probabilities.
+    policy's log-probabilities. Values are in reward units throughout; the value loss alone is taken in
+    the value head's units, which differ under --normalize_returns.
     """
     params, values = forward_trajectories(model, cfg, mb)
     dist = model.distribution(params)
@@ -59,7 +60,8 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
         advantages = losses.normalize(advantages, mask)
 
     policy_loss = losses.ppo_policy_loss(ratio, advantages, cfg.ppo_clip_ratio, mask)
-    value_loss = losses.clipped_value_loss(values, mb["values"], targets, cfg.ppo_clip_value, mask)
+    norm = model.normalize_values
+    value_loss = losses.clipped_value_loss(norm(values), norm(mb["values"]), norm(targets), cfg.ppo_clip_value, mask)
     entropy = losses.masked_mean(dist.entropy(), mask)
     if cfg.exploration_loss == "entropy":
         exploration_loss = -entropy
@@ -74,6 +76,7 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
     else:
         grad_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
     optimizer.step()
+    model.update_return_stats(targets if mask is None else targets[mask > 0])  # used from the next step on
 
     with torch.no_grad():
         low, high = 1.0 / (1.0 + cfg.ppo_clip_ratio), 1.0 + cfg.ppo_clip_ratio

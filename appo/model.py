@@ -222,14 +222,16 @@ def encoder_factory(name: str, space: gym.spaces.Box) -> Callable[[gym.spaces.Bo
 
 
 class RunningNorm(nn.Module):
-    """Running mean/std of an observation key, kept as buffers so they travel with the weights.
+    """Running mean/std of an observation key or of the value targets, kept as buffers so they travel
+    with the weights.
 
     Only the learner updates them (from each training batch); inference receives them with every
-    published weight version, so both normalise identically.
+    published weight version, so both normalise identically. Observations are clipped to +-`clip` std.
     """
 
-    def __init__(self, shape: tuple[int, ...]):
+    def __init__(self, shape: tuple[int, ...], clip: float | None = 5.0):
         super().__init__()
+        self.clip = clip
         self.register_buffer("mean", torch.zeros(shape))
         self.register_buffer("var", torch.ones(shape))
         self.register_buffer("count", torch.tensor(1e-4))
@@ -245,8 +247,15 @@ class RunningNorm(nn.Module):
                         / total) / total)
         self.count.copy_(total)
 
+    def std(self) -> Tensor:
+        return torch.sqrt(self.var + 1e-8)
+
     def forward(self, x: Tensor) -> Tensor:
-        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-5.0, 5.0)
+        normalized = (x - self.mean) / self.std()
+        return normalized if self.clip is None else normalized.clamp(-self.clip, self.clip)
+
+    def denormalize(self, x: Tensor) -> Tensor:
+        return x * self.std() + self.mean
 
 
 class ObsEncoder(nn.Module):
@@ -292,6 +301,8 @@ class ActorCritic(nn.Module):
         gaussian_dims = sum(n for kind, n in self.spec if kind == "gaussian")
         self.log_std = nn.Parameter(torch.zeros(gaussian_dims)) if gaussian_dims else None
         self.value_head = _linear(size, 1, 1.0)
+        # --normalize_returns: the value head predicts targets in units of their running mean/std.
+        self.returns_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
         self.state_size = cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1) if cfg.use_rnn else 0
 
     def _trunk(self, obs_space: gym.Space, cfg) -> nn.ModuleDict:
@@ -326,6 +337,28 @@ class ActorCritic(nn.Module):
     def distribution(self, params: Tensor) -> ActionDistribution:
         return ActionDistribution(params, self.spec, self.scalar_action)
 
+    def _values(self, features: Tensor) -> Tensor:
+        """Value estimates in reward units (the head's output denormalised under --normalize_returns)."""
+        values = self.value_head(features).squeeze(-1)
+        return values if self.returns_norm is None else self.returns_norm.denormalize(values)
+
+    def normalize_values(self, values: Tensor) -> Tensor:
+        """Values or value targets in the units the value head learns in (unchanged without --normalize_returns)."""
+        return values if self.returns_norm is None else self.returns_norm(values)
+
+    @torch.no_grad()
+    def update_return_stats(self, targets: Tensor) -> None:
+        """Fold targets into the running stats, rescaling the value head so that its denormalised outputs
+        stay what they were (PopArt's output preservation): new stats must not shift every value."""
+        norm = self.returns_norm
+        if norm is None:
+            return
+        old_mean, old_std = norm.mean.clone(), norm.std()
+        norm.update(targets)
+        new_mean, new_std = norm.mean, norm.std()
+        self.value_head.weight.mul_(old_std / new_std)
+        self.value_head.bias.copy_((old_std * self.value_head.bias + old_mean - new_mean) / new_std)
+
     @torch.no_grad()
     def update_obs_stats(self, obs: ObsDict) -> None:
         if self.obs_norms is not None:
@@ -356,11 +389,11 @@ class ActorCritic(nn.Module):
     def forward_step(self, obs: ObsDict, rnn_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One step for a batch of agents: (action params, values, next rnn states)."""
         features, next_states = self._features({k: v.unsqueeze(1) for k, v in obs.items()}, rnn_states, None)
-        return self._policy_params(features[0]), self.value_head(features[-1]).squeeze(-1), next_states
+        return self._policy_params(features[0]), self._values(features[-1]), next_states
 
     def forward_sequence(self, obs: ObsDict, rnn_states: Tensor, dones: Tensor) -> tuple[Tensor, Tensor]:
         """Sequences obs [n, L, ...] from start states [n, H]; dones [n, L] reset the state after a step."""
         n, length = dones.shape
         features, _ = self._features(obs, rnn_states, dones)
         params = self._policy_params(features[0])
-        return params.reshape(n, length, -1), self.value_head(features[-1]).reshape(n, length)
+        return params.reshape(n, length, -1), self._values(features[-1]).reshape(n, length)

@@ -181,3 +181,26 @@ def test_obs_normalisation_travels_with_the_weights():
     obs = {"obs": torch.randn(7, 3) * 4 + 10}
     assert torch.equal(learner_model.forward_step(obs, torch.zeros(7, 1))[1],
                        inference_model.forward_step(obs, torch.zeros(7, 1))[1])
+
+
+def test_return_normalisation_preserves_values_when_its_stats_move():
+    """PopArt's output preservation: new return statistics rescale the value head instead of shifting values."""
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg(normalize_returns=True))
+    obs = as_obs(torch.randn(6, 3))
+    before = model.forward_step(obs, torch.zeros(6, 1))[1]
+    targets = torch.randn(1000) * 30 + 100
+    model.update_return_stats(targets)
+    assert model.returns_norm.mean.item() == pytest.approx(100, abs=3)
+    assert model.returns_norm.std().item() == pytest.approx(30, rel=0.1)
+    after = model.forward_step(obs, torch.zeros(6, 1))[1]
+    assert torch.allclose(before, after, atol=1e-4)
+    # The value loss sees targets in the head's units: mean 0, std 1.
+    normalized = model.normalize_values(targets)
+    assert normalized.mean().item() == pytest.approx(0, abs=0.05) and normalized.std().item() == pytest.approx(1, rel=0.05)
+
+
+def test_without_return_normalisation_values_are_the_head_output():
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg())
+    targets = torch.randn(10) * 30 + 100
+    model.update_return_stats(targets)
+    assert model.returns_norm is None and torch.equal(model.normalize_values(targets), targets)

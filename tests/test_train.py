@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
 from tests.conftest import last_mean_reward
 
 FAST = ["--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
@@ -71,6 +71,18 @@ def test_two_policies_both_train(trainer):
         assert version > 3 and env_steps > 10000
         assert os.listdir(os.path.join(exp_dir, "summaries", str(policy)))
         assert re.search(rf"p{policy}: v\d+ .* reward", result.stdout)
+
+
+@pytest.mark.timeout(90)
+def test_return_normalisation_learns_with_unscaled_rewards(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=popart", "--normalize_returns=True", "--reward_scale=1.0",
+                         "--train_for_env_steps=120000", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_mean_reward(result.stdout) > 80
+    exp_dir = os.path.join(trainer.train_dir, "popart")
+    state = load_checkpoint(latest_checkpoint(checkpoint_dir(exp_dir, 0)), "cpu")["model"]
+    # Unscaled CartPole returns are tens of reward units: the running stats must have followed them.
+    assert state["returns_norm.mean"].item() > 5 and state["returns_norm.var"].item() > 1
 
 
 @pytest.mark.timeout(90)
