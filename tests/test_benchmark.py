@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
-from appo.reporting import TIME_SHARES
+from appo.reporting import TIME_SHARES, diagnose
 from tests.conftest import REPO
 
 TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]
@@ -17,6 +17,32 @@ TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--dec
 def read_summary(train_dir: str, experiment: str) -> dict:
     with open(os.path.join(train_dir, experiment, "benchmark.json")) as f:
         return json.load(f)
+
+
+def hand_made_summary(actor: dict, inference: dict, learner: dict, cpu_busy: float, sampler_only=False) -> dict:
+    return {"time_shares": {"actor": actor, "inference": inference, "learner": learner}, "cpu_busy": cpu_busy,
+            "cpu_count": 2, "processes": 5, "sampler_only": sampler_only, "actor_niceness": 0}
+
+
+@pytest.mark.parametrize("actor, inference, learner, cpu_busy, expected", [
+    # actors blocked on trajectory slots while SGD runs flat out: the learner limits
+    ({"env_step": 0.3, "wait_actions": 0.1, "wait_buffers": 0.6}, {"forward": 0.2}, {"sgd": 0.9, "batching": 0.05},
+     1.0, "learner:"),
+    # inference busy while actors wait for actions, cores idle: add inference workers
+    ({"env_step": 0.2, "wait_actions": 0.7, "wait_buffers": 0.0}, {"forward": 0.9}, {"sgd": 0.1, "batching": 0.0},
+     0.5, "--policy_workers_per_policy"),
+    # the same on saturated cores: more inference workers cannot help, niceness can
+    ({"env_step": 0.2, "wait_actions": 0.7, "wait_buffers": 0.0}, {"forward": 0.9}, {"sgd": 0.1, "batching": 0.0},
+     0.97, "--actor_niceness=10"),
+    # actors busy stepping, cores free: more workers
+    ({"env_step": 0.9, "wait_actions": 0.05, "wait_buffers": 0.0}, {"forward": 0.2}, {"sgd": 0.1, "batching": 0.0},
+     0.4, "raise --num_workers"),
+    # actors busy stepping on saturated cores: the env or the machine
+    ({"env_step": 0.9, "wait_actions": 0.05, "wait_buffers": 0.0}, {"forward": 0.2}, {"sgd": 0.1, "batching": 0.0},
+     0.95, "more cores (cores 95% busy)"),
+])
+def test_bottleneck_line_names_the_limiting_component(actor, inference, learner, cpu_busy, expected):
+    assert expected in diagnose(hand_made_summary(actor, inference, learner, cpu_busy))
 
 
 @pytest.mark.timeout(60)

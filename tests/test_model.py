@@ -196,7 +196,8 @@ def test_return_normalisation_preserves_values_when_its_stats_move():
     assert torch.allclose(before, after, atol=1e-4)
     # The value loss sees targets in the head's units: mean 0, std 1.
     normalized = model.normalize_values(targets)
-    assert normalized.mean().item() == pytest.approx(0, abs=0.05) and normalized.std().item() == pytest.approx(1, rel=0.05)
+    assert normalized.mean().item() == pytest.approx(0, abs=0.05)
+    assert normalized.std().item() == pytest.approx(1, rel=0.05)
 
 
 def test_without_return_normalisation_values_are_the_head_output():
