@@ -31,8 +31,11 @@ class Reports:
         self.num_policies = cfg.num_policies
         self.frames_per_step = frames_per_step
         self.start = time.monotonic()
-        self.first_sample: tuple[float, int] | None = None  # (time, env steps) of the first actor report
-        self.cpu_at_first_sample = psutil.cpu_times()
+        # Benchmarks measure the steady state: from the moment every actor worker has reported samples
+        # (actors finish building and resetting their envs at different times).
+        self.sampling_actors: set[int] = set()
+        self.measure_start: tuple[float, int, int] | None = None  # (time, env steps, samples) at that moment
+        self.cpu_at_measure_start = psutil.cpu_times()
         self.sampled_env_steps = 0  # this session, all policies, from actor reports
         self.frame_history: deque[tuple[float, int]] = deque([(self.start, 0)])
         self.episodes = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
@@ -59,9 +62,12 @@ class Reports:
         self._add_timing("actor", data["timing"])
         if data["env_steps"] > 0:
             self.last_progress = time.monotonic()
-        if self.first_sample is None and data["env_steps"] > 0:
-            self.first_sample = (time.monotonic(), self.sampled_env_steps)
-            self.cpu_at_first_sample = psutil.cpu_times()
+        if self.measure_start is None and data["env_steps"] > 0:
+            self.sampling_actors.add(worker)
+            if len(self.sampling_actors) == self.cfg.num_workers:
+                self.measure_start = (time.monotonic(), self.sampled_env_steps, sum(self.samples_total))
+                self.cpu_at_measure_start = psutil.cpu_times()
+                self.inference_obs = self.inference_batches = 0
         self.sampled_env_steps += data["env_steps"]
         self.env_errors += data["env_errors"]
         for policy, reward, length in data["episodes"]:
@@ -91,8 +97,8 @@ class Reports:
         self._add_timing("learner", data["timing"])
 
     def _add_timing(self, component: str, timing: dict[str, float]) -> None:
-        """Time shares describe the steady state: periods reported before the first sample are left out."""
-        if self.first_sample is None:
+        """Time shares describe the steady state: periods reported before every actor sampled are left out."""
+        if self.measure_start is None:
             return
         for key, seconds in timing.items():
             self.timing[component][key] += seconds
@@ -172,11 +178,12 @@ class Reports:
 
     # ---------------------------------------------------------------- benchmark
     def benchmark_summary(self, env_name: str) -> dict:
-        """Throughput, and where each component's time went, from the first sample on."""
+        """Throughput, and where each component's time went, since every actor worker is sampling."""
         cfg = self.cfg
         now = time.monotonic()
         wall = now - self.start
-        begin, steps_before = self.first_sample or (now, self.sampled_env_steps)
+        begin, steps_before, samples_before = self.measure_start or (now, self.sampled_env_steps,
+                                                                     sum(self.samples_total))
         measured = max(now - begin, 1e-9)
         env_steps = self.sampled_env_steps - steps_before
         processes = {"actor": cfg.num_workers, "inference": cfg.num_policies * cfg.policy_workers_per_policy,
@@ -195,12 +202,12 @@ class Reports:
             "env_steps": env_steps, "env_frames": env_steps * self.frames_per_step,
             "env_steps_per_s": env_steps / measured,
             "env_frames_per_s": env_steps * self.frames_per_step / measured,
-            "samples_per_s": sum(self.samples_total) / measured,
+            "samples_per_s": (sum(self.samples_total) - samples_before) / measured,
             "policy_lag": {"min": self.lag["min"] if self.lag["avg"] else 0.0, "max": self.lag["max"],
                            "avg": float(np.mean(self.lag["avg"])) if self.lag["avg"] else 0.0},
             "time_shares": shares,
             "inference_batch_size": self.inference_obs / max(self.inference_batches, 1),
-            "cpu_busy": _cpu_busy(self.cpu_at_first_sample, psutil.cpu_times()),
+            "cpu_busy": _cpu_busy(self.cpu_at_measure_start, psutil.cpu_times()),
         }
         summary["bottleneck"] = diagnose(summary)
         return summary
@@ -262,10 +269,10 @@ def format_benchmark(summary: dict) -> str:
         f"{', sampler only' if summary['sampler_only'] else ''}, {summary['cpu_count']} CPUs, "
         f"device {summary['device']}",
         f"  env frames/s   {summary['env_frames_per_s']:12,.0f}   ({summary['env_steps']:,} env steps in "
-        f"{summary['measured_seconds']:.1f} s after the first sample; {summary['wall_seconds']:.1f} s wall)",
+        f"{summary['measured_seconds']:.1f} s once all actors sample; {summary['wall_seconds']:.1f} s wall)",
         f"  samples/s      {summary['samples_per_s']:12,.0f}   (trained)",
         f"  policy lag     {lag['min']:.0f} / {lag['avg']:.1f} / {lag['max']:.0f} (min / avg / max versions)",
-        f"  CPU busy       {summary['cpu_busy']:12.0%}   (all {summary['cpu_count']} cores, since the first sample)",
+        f"  CPU busy       {summary['cpu_busy']:12.0%}   (all {summary['cpu_count']} cores, measured period)",
     ]
     for component, keys in TIME_SHARES.items():
         shares = summary["time_shares"][component]

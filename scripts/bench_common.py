@@ -63,6 +63,11 @@ def raw_limit(env_id: str, num_processes: int, num_envs: int, seconds: float, en
     return sum(counts) * frames_per_step / seconds
 
 
+def env_steps_for(env_id: str, frames_per_s: float, seconds: float, env_kwargs: dict | None = None) -> int:
+    """The env steps that take `seconds` at `frames_per_s` (an Atari step is 4 frames)."""
+    return int(frames_per_s * seconds / env_info(env_id, env_kwargs or {}).frames_per_step)
+
+
 def sampler_only_fps(env_id: str, num_workers: int, num_envs: int, env_steps: int, extra_args: list[str] | None = None,
                      env_kwargs: dict | None = None) -> dict:
     """Run the trainer with --sampler_only --benchmark and return its benchmark.json summary."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench_common import raw_limit, sampler_only_fps
+from bench_common import env_steps_for, raw_limit, sampler_only_fps
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     raws, trainers = [], []
     for _ in range(args.repeats):
         raw = raw_limit(args.env, args.num_workers, args.num_envs_per_worker, args.seconds, kwargs)
-        budget = args.env_steps or max(1000, int(raw * args.seconds))
+        budget = args.env_steps or max(1000, env_steps_for(args.env, raw, args.seconds, kwargs))
         summary = sampler_only_fps(args.env, args.num_workers, args.num_envs_per_worker, budget, args.trainer_args,
                                    kwargs)
         raws.append(raw)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench_common import raw_limit, sampler_only_fps
+from bench_common import env_steps_for, raw_limit, sampler_only_fps
 
 
 def main() -> None:
@@ -35,7 +35,8 @@ def main() -> None:
     print(f"{'workers':>7} {'ideal':>10} {'raw limit':>10} {'trainer':>10} {'trainer/raw':>11}  bottleneck")
     for workers in counts:
         raw = raw_limit("sleep_env", workers, args.num_envs_per_worker, args.seconds, env_kwargs)
-        summary = sampler_only_fps("sleep_env", workers, args.num_envs_per_worker, max(2000, int(raw * args.seconds)),
+        summary = sampler_only_fps("sleep_env", workers, args.num_envs_per_worker,
+                                   max(2000, env_steps_for("sleep_env", raw, args.seconds, env_kwargs)),
                                    args.trainer_args, env_kwargs)
         ideal = (rows[0]["raw"] if rows else raw) * workers
         row = {"workers": workers, "ideal": ideal, "raw": raw, "trainer": summary["env_frames_per_s"],
