@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 from faster_fifo import Empty
 
-from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.buffers import TERMINATED, TRUNCATED, Layout, SamplerState, TrajBuffers
 from appo.cfg import env_kwargs, lockstep, trajectories_per_iteration
 from appo.spaces import SINGLE_KEY, to_env_action
 from envs import make_env
@@ -41,11 +41,11 @@ class Split:
         self.pending = 0  # inference answers still awaited
         n = len(envs) * num_agents
         self.slots = np.zeros(n, dtype=np.int64)  # a copy of SamplerState.cur_slot for this split
-        self.episode_reward = np.zeros(n, dtype=np.float64)
-        self.episode_len = np.zeros(n, dtype=np.int64)
-        self.rewards = np.zeros(n, dtype=np.float32)  # reused every step
-        self.terminated = np.zeros(n, dtype=bool)
-        self.truncated = np.zeros(n, dtype=bool)
+        # Per env-agent views of its slot's observation rows [T+1, ...] (single Box observations only).
+        self.obs_rows: list[np.ndarray] = []
+        self.steps = 0  # steps this split made; an episode's length is steps - episode_start
+        self.episode_reward = [0.0] * n
+        self.episode_start = [0] * n
 
 
 class ActorWorker:
@@ -71,6 +71,8 @@ class ActorWorker:
         self.trajs_sent = 0
         self.base_version = 0
         self.action_space: gym.Space | None = None
+        self.plain_discrete = False
+        self.single_obs: np.ndarray | None = None  # traj.obs' only array, when that is all the env observes
 
     # ---------------------------------------------------------------- set-up
     def _env_seed(self, split: int, index: int) -> int | None:
@@ -96,23 +98,21 @@ class ActorWorker:
         return obs
 
     def init_envs(self) -> None:
-        sampler, traj = self.sampler, self.traj
-        agents = self.layout.agents_per_split
-        for s in range(self.layout.num_splits):
-            envs = [make_env(self.cfg.env, self.env_kwargs) for _ in range(agents // self.num_agents)]
-            split = Split(envs, self.num_agents)
-            self.splits.append(split)
-            sampler.agent_policy[self.worker, s] = self._draw_policies(agents)
+        traj, agents, a = self.traj, self.layout.agents_per_split, self.num_agents
+        self.splits = [Split([make_env(self.cfg.env, self.env_kwargs) for _ in range(agents // a)], a)
+                       for _ in range(self.layout.num_splits)]
+        first = self.splits[0].envs[0]
+        self.action_space = first.action_space
+        # Fast paths for the common case: one agent, a plain Discrete action, a single Box observation.
+        self.plain_discrete = a == 1 and isinstance(self.action_space, gym.spaces.Discrete)
+        self.single_obs = traj.obs[SINGLE_KEY] if a == 1 and isinstance(first.observation_space, gym.spaces.Box) \
+            else None
+        for s, split in enumerate(self.splits):
+            self.sampler.agent_policy[self.worker, s] = self._draw_policies(agents)
             self._use_slots(s, self._take_slots(agents))
-            slots = split.slots
-            for i, env in enumerate(envs):
-                traj.write_obs(slots[i * self.num_agents:(i + 1) * self.num_agents], 0, self._first_obs(s, i, env))
-            traj.rnn_states[slots, 0] = 0.0
-        self.action_space = self.splits[0].envs[0].action_space
-        # Fast paths for the common case: a plain Discrete action, a single Box observation.
-        self.plain_discrete = self.num_agents == 1 and isinstance(self.action_space, gym.spaces.Discrete)
-        box_obs = isinstance(self.splits[0].envs[0].observation_space, gym.spaces.Box)
-        self.single_obs = traj.obs[SINGLE_KEY] if box_obs else None
+            for i, env in enumerate(split.envs):
+                traj.write_obs(split.slots[i * a:(i + 1) * a], 0, self._first_obs(s, i, env))
+            traj.rnn_states[split.slots, 0] = 0.0
 
     def _draw_policies(self, n: int) -> np.ndarray:
         return self.rng.integers(0, self.cfg.num_policies, size=n, dtype=np.int16)
@@ -167,55 +167,73 @@ class ActorWorker:
         return converted if a == 1 else [converted[i:i + a] for i in range(0, len(converted), a)]
 
     def _step_split(self, s: int) -> None:
-        split, traj, cfg = self.splits[s], self.traj, self.cfg
+        """Step every env of split s with the actions inference wrote, store what the envs returned.
+
+        This runs thousands of times a second in every actor, often with caches cold after a sleep, so
+        per-env results go to Python lists and each trajectory field gets one array write per step.
+        Rewards are stored as the env gave them; the learner scales and clips them."""
+        split, traj = self.splits[s], self.traj
         t, slots, a = split.t, split.slots, self.num_agents
         env_actions = self._env_actions(traj.actions[slots, t])
-        rewards, terminated, truncated = split.rewards, split.terminated, split.truncated
-        true_scores: dict[int, float] = {}
+        rewards: list = []
+        ended: list[tuple[int, int, float | None]] = []  # (env, done code, whole game's score if reported)
         started = time.perf_counter()
         for i, env in enumerate(split.envs):
             try:
-                obs, reward, term, trunc, info = env.step(env_actions[i])
-                if term or trunc:
-                    if "true_episode_reward" in info:
-                        true_scores[i] = float(info["true_episode_reward"])
+                obs, reward, terminated, truncated, info = env.step(env_actions[i])
+                if terminated or truncated:
+                    ended.append((i, TERMINATED if terminated else TRUNCATED, info.get("true_episode_reward")))
                     obs, _ = env.reset()
             except Exception:
-                obs, reward, term, trunc = self._rebuild_env(s, i), 0.0, True, False
-            if a == 1:
-                rewards[i], terminated[i], truncated[i] = reward, term, trunc
-                if self.single_obs is not None:
-                    self.single_obs[slots[i], t + 1] = obs
-                else:
-                    traj.write_obs(slots[i], t + 1, obs)
+                obs, reward = self._rebuild_env(s, i), 0.0
+                ended.append((i, TERMINATED, None))
+            rewards.append(reward)
+            if split.obs_rows:
+                split.obs_rows[i][t + 1] = obs
             else:
-                agents = slice(i * a, (i + 1) * a)
-                rewards[agents], terminated[agents], truncated[agents] = reward, term, trunc
-                traj.write_obs(slots[agents], t + 1, obs)
+                traj.write_obs(slots[i * a:(i + 1) * a], t + 1, obs)
         self.timing.add("env_step", time.perf_counter() - started)
-        dones = terminated | truncated
-        any_done = dones.any()
-        self._account_episodes(s, rewards, dones, any_done, true_scores)
 
-        learning_rewards = rewards * cfg.reward_scale
-        np.minimum(learning_rewards, cfg.reward_clip, out=learning_rewards)  # np.clip's wrapper costs 6 us
-        np.maximum(learning_rewards, -cfg.reward_clip, out=learning_rewards)
-        if cfg.value_bootstrap and truncated.any():
-            # A time limit is not death: credit the value of the state the episode was cut in.
-            learning_rewards += cfg.gamma * traj.values[slots, t] * (truncated & ~terminated)
-        traj.rewards[slots, t] = learning_rewards
-        traj.dones[slots, t] = dones
-        if cfg.use_rnn and any_done:
-            traj.rnn_states[slots[dones], t + 1] = 0.0
+        if a > 1:
+            rewards = np.concatenate(rewards).tolist()  # [envs][agents] -> one per env-agent
+        traj.rewards[slots, t] = rewards
+        episode_reward = split.episode_reward
+        for j, reward in enumerate(rewards):
+            episode_reward[j] += reward
+        split.steps += 1
         self.env_steps += len(slots)
-
-        if any_done and cfg.num_policies > 1:
-            self._redraw_policies(s, dones, t + 1)
+        if ended:
+            self._end_episodes(s, ended)
         split.t = t + 1
         if split.t == self.layout.rollout:
             self._finish_rollout(s)
             split.t = 0
         self._request_actions(s)
+
+    def _end_episodes(self, s: int, ended: list[tuple[int, int, float | None]]) -> None:
+        """Mark the ends in the trajectory, report finished episodes, start new ones (policy, RNN state).
+
+        Envs that end an episode per life (Atari) report the whole game's score as
+        `info["true_episode_reward"]` at its end; for them only game ends are reported."""
+        split, traj, a = self.splits[s], self.traj, self.num_agents
+        t = split.t
+        codes = np.zeros(len(split.slots), dtype=np.uint8)
+        policies = self.sampler.agent_policy[self.worker, s]
+        for i, code, true_score in ended:
+            codes[i * a:(i + 1) * a] = code
+            if true_score is None and getattr(split.envs[i], "reports_true_episode_reward", False):
+                continue  # a life lost, not a game over: keep counting the game's reward and length
+            for j in range(i * a, (i + 1) * a):
+                reward = float(split.episode_reward[j] if true_score is None else true_score)
+                self.finished_episodes.append((int(policies[j]), reward, split.steps - split.episode_start[j]))
+                split.episode_reward[j] = 0.0
+                split.episode_start[j] = split.steps
+        traj.dones[split.slots, t] = codes
+        dones = codes > 0
+        if self.cfg.use_rnn:
+            traj.rnn_states[split.slots[dones], t + 1] = 0.0
+        if self.cfg.num_policies > 1:
+            self._redraw_policies(s, dones, t + 1)
 
     def _redraw_policies(self, s: int, dones: np.ndarray, from_t: int) -> None:
         """New episodes draw their policy; the rest of their trajectory rows is theirs."""
@@ -235,32 +253,16 @@ class ActorWorker:
         obs, _ = env.reset()
         return obs
 
-    def _account_episodes(self, s: int, raw_rewards: np.ndarray, dones: np.ndarray, any_done: bool,
-                          true_scores: dict[int, float]) -> None:
-        """Per-agent episode reward and length. Envs that end an episode per life (Atari) report the
-        whole game's score as `info["true_episode_reward"]`; only game ends are then reported."""
-        split = self.splits[s]
-        split.episode_reward += raw_rewards
-        split.episode_len += 1
-        if any_done:
-            policies = self.sampler.agent_policy[self.worker, s]
-            for j in np.flatnonzero(dones):
-                env = split.envs[j // self.num_agents]
-                if j // self.num_agents in true_scores:
-                    reward = true_scores[j // self.num_agents]
-                elif getattr(env, "reports_true_episode_reward", False):
-                    continue  # a life lost, not a game over: keep counting the game's length
-                else:
-                    reward = float(split.episode_reward[j])
-                self.finished_episodes.append((int(policies[j]), reward, int(split.episode_len[j])))
-                split.episode_len[j] = 0
-            split.episode_reward[dones] = 0.0
+    def _acting_policies(self, s: int) -> list[int]:
+        """The policies acting for some env-agent of split s (np.unique costs ~150 us with cold caches)."""
+        if self.cfg.num_policies == 1:
+            return [0]
+        return sorted(set(self.sampler.agent_policy[self.worker, s].tolist()))
 
     def _request_actions(self, s: int) -> None:
-        policies = self.sampler.agent_policy[self.worker, s]
-        acting = np.unique(policies) if self.cfg.num_policies > 1 else (0,)
-        self.splits[s].pending = len(acting)
         message = ("obs", self.worker, s, self.splits[s].t)
+        acting = self._acting_policies(s)
+        self.splits[s].pending = len(acting)
         for policy in acting:
             self.policy_queues[policy].put(message)
 
@@ -276,7 +278,7 @@ class ActorWorker:
             self.slot_refs[filled] = 1
             self.learner_inboxes[0].put(("traj", filled.tolist()))
         else:
-            present = [np.unique(traj.policy_ids[slot]) for slot in filled]
+            present = [set(traj.policy_ids[slot].tolist()) for slot in filled]
             for slot, policies in zip(filled, present):
                 self.slot_refs[slot] = len(policies)
             for policy in range(self.cfg.num_policies):
@@ -292,16 +294,21 @@ class ActorWorker:
         self._use_slots(s, fresh)
 
     def _use_slots(self, s: int, slots: np.ndarray) -> None:
-        """Point split s at new slots; policy ids are written for the whole rollout up front."""
-        self.splits[s].slots = slots
+        """Point split s at new slots; policy ids are written for the whole rollout up front, and done
+        codes cleared (a step writes them only when an episode ends)."""
+        split = self.splits[s]
+        split.slots = slots
+        if self.single_obs is not None:
+            split.obs_rows = [self.single_obs[slot] for slot in slots.tolist()]
         self.sampler.cur_slot[self.worker, s] = slots
         self.traj.policy_ids[slots] = self.sampler.agent_policy[self.worker, s][:, None]
+        self.traj.dones[slots] = 0
 
     def _wait_for_slots(self, n: int, s: int) -> np.ndarray | None:
         """Block until n free slots exist and no learner of this split's policies asked for a pause.
 
         Returns None when the run stops while waiting."""
-        policies = np.unique(self.sampler.agent_policy[self.worker, s])
+        policies = self._acting_policies(s)
         start = time.perf_counter()
         while (len(self.free_slots) < n or self.sampler.pause_collection[policies].any()
                or self._learner_behind()):

@@ -13,7 +13,8 @@ Trajectory slot layout (`num_slots` slots, `T = --rollout`):
     actions         [slot, T, *action_shape]
     log_probs       [slot, T]                 behaviour policy log-probability of the action
     values          [slot, T]                 behaviour value estimate
-    rewards, dones  [slot, T]
+    rewards         [slot, T]                 the env's reward (the learner scales and clips it)
+    dones           [slot, T]                 0, or TERMINATED / TRUNCATED when the episode ended with this step
     policy_versions [slot, T]                 version of the weights that chose the action
     policy_ids      [slot, T]                 which policy acted (agents are re-mapped per episode)
 
@@ -34,6 +35,9 @@ import gymnasium as gym
 import numpy as np
 
 from appo.spaces import action_layout, obs_as_dict, obs_dtype, obs_spaces
+
+# Done codes: the learner treats both as episode ends, and credits V(s_t) at a time-limit truncation.
+TERMINATED, TRUNCATED = 1, 2
 
 
 def shared_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:

@@ -17,7 +17,7 @@ from faster_fifo import Empty
 from torch import Tensor
 
 from appo import losses
-from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
 from appo.cfg import trajectories_per_iteration
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from appo.inference_worker import resolve_device
@@ -222,7 +222,11 @@ class Learner:
             self.stats["lag_avg"].append(lags.mean().item())
             batch = {name: select(traj[name], keep, self.device) for name in
                      ("obs", "rnn_states", "actions", "log_probs", "values", "rewards", "dones")}
-            batch["dones"] = batch["dones"].float()
+            cfg, done_codes = self.cfg, batch["dones"]
+            batch["rewards"] = losses.shaped_rewards(batch["rewards"], (done_codes == TRUNCATED).float(),
+                                                     batch["values"], cfg.gamma, cfg.reward_scale, cfg.reward_clip,
+                                                     cfg.value_bootstrap)
+            batch["dones"] = (done_codes > 0).float()
             if self.cfg.num_policies > 1:
                 batch["mask"] = valid[fresh].float().to(self.device)
         self._release(slots)

@@ -16,6 +16,17 @@ def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def shaped_rewards(rewards: Tensor, truncated: Tensor, values: Tensor, gamma: float, scale: float, clip: float,
+                   bootstrap_truncated: bool) -> Tensor:
+    """The rewards the learner learns from: the env's, scaled and clipped to +-clip. Where a time limit
+    cut the episode (`truncated`), `gamma * V(s_t)` is added: the state had a future, only the final
+    observation is gone, so the value of the last state stands in for the one after it."""
+    shaped = (rewards * scale).clamp(-clip, clip)
+    if bootstrap_truncated:
+        shaped = shaped + gamma * values * truncated
+    return shaped
+
+
 def gae(rewards: Tensor, dones: Tensor, values: Tensor, bootstrap: Tensor, gamma: float, lam: float
         ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation; returns (advantages, value targets = advantages + values)."""

@@ -1,19 +1,19 @@
 """The actor worker's message handling, driven directly with real envs, buffers and queues."""
 
-import gymnasium as gym
 import pytest
 from faster_fifo import Queue
 
 from appo.actor_worker import ActorWorker
-from appo.buffers import Layout, SamplerState, TrajBuffers
-from appo.cfg import build_parser, resolve
+from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
+from appo.cfg import build_parser, env_kwargs, resolve
+from envs import make_env
 
 
-def make_worker():
-    cfg = resolve(build_parser().parse_args(["--env=CartPole-v1", "--num_workers=1", "--num_envs_per_worker=4",
-                                             "--worker_num_splits=2", "--rollout=4", "--batch_size=16",
-                                             "--decorrelate_envs_on_one_worker=False"]))
-    env = gym.make("CartPole-v1")
+def make_worker(*env_args: str):
+    cfg = resolve(build_parser().parse_args([*(env_args or ["--env=CartPole-v1"]), "--num_workers=1",
+                                             "--num_envs_per_worker=4", "--worker_num_splits=2", "--rollout=4",
+                                             "--batch_size=16", "--decorrelate_envs_on_one_worker=False"]))
+    env = make_env(cfg.env, env_kwargs(cfg))
     layout = Layout.from_cfg(cfg, env.observation_space, env.action_space)
     queues = {"inbox": Queue(), "policy": Queue(), "learner": Queue(), "report": Queue()}
     worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), SamplerState(layout, 1), queues["inbox"],
@@ -49,7 +49,24 @@ def test_a_step_writes_rewards_dones_and_next_observations():
     worker.traj.actions[slots, 0] = 1
     worker.splits[1].pending = 1
     worker._handle([("act", 1)])
-    assert (worker.traj.rewards[slots, 0] == 0.1).all()  # CartPole's reward 1, times --reward_scale 0.1
+    assert (worker.traj.rewards[slots, 0] == 1.0).all()  # CartPole's reward, unscaled (the learner scales it)
     assert not worker.traj.dones[slots, 0].any()
     assert (worker.traj.obs["obs"][slots, 1] != worker.traj.obs["obs"][slots, 0]).any()
     assert worker.splits[1].t == 1 and worker.env_steps == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_time_limit_is_stored_as_truncation_and_the_episode_is_reported():
+    # Synthetic episodes of 2 steps, ended by a time limit; rewards are 0 or 1.
+    worker, layout, queues = make_worker("--env=sleep_env", '--env_kwargs={"step_seconds": 0, "episode_len": 2}')
+    split = worker.splits[0]
+    slots = split.slots.copy()
+    for _ in range(2):
+        split.pending = 1
+        worker._handle([("act", 0)])
+    assert (worker.traj.dones[slots, 0] == 0).all() and (worker.traj.dones[slots, 1] == TRUNCATED).all()
+    assert len(worker.finished_episodes) == 2  # the split's two envs
+    for policy, _, length in worker.finished_episodes:
+        assert policy == 0 and length == 2
+    rewards = worker.traj.rewards[slots, :2].sum(axis=1)
+    assert sorted(r for _, r, _ in worker.finished_episodes) == sorted(rewards.tolist())

@@ -130,3 +130,14 @@ def test_normalize_respects_mask():
     x = torch.tensor([1.0, 3.0, 100.0])
     out = losses.normalize(x, torch.tensor([1.0, 1.0, 0.0]))
     assert out[:2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-6)
+
+
+@pytest.mark.parametrize("bootstrap_truncated", [True, False])
+def test_shaped_rewards_scale_clip_and_credit_the_value_at_a_time_limit(bootstrap_truncated):
+    rewards = torch.tensor([[1.0, -30.0, 5.0, 2.0]])
+    truncated = torch.tensor([[0.0, 0.0, 0.0, 1.0]])  # the time limit cut the episode after step 3
+    values = torch.tensor([[0.5, 0.6, 0.7, 4.0]])
+    shaped = losses.shaped_rewards(rewards, truncated, values, gamma=0.9, scale=0.5, clip=2.0,
+                                   bootstrap_truncated=bootstrap_truncated)
+    credit = 0.9 * 4.0 if bootstrap_truncated else 0.0
+    assert shaped[0].tolist() == pytest.approx([0.5, -2.0, 2.0, 1.0 + credit])
