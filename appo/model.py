@@ -133,6 +133,16 @@ class MlpEncoder(nn.Module):
         return self.net(x)
 
 
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.Conv2d:
+    """Orthogonal init with ReLU's gain: PyTorch's default init shrinks activations at every layer, and
+    after three of them Atari frames that differ in a few pixels (ball, paddle) give near-identical
+    features, from which the policy cannot learn anything state-dependent."""
+    layer = nn.Conv2d(in_channels, out_channels, kernel, stride=stride)
+    nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
 def _channels_last(space: gym.spaces.Box) -> bool:
     shape = tuple(space.shape)
     return len(shape) == 3 and shape[-1] <= 4 < shape[0]
@@ -170,9 +180,9 @@ class NatureCnn(_ConvEncoder):
 
     def __init__(self, space: gym.spaces.Box, cfg):
         convs = nn.Sequential(
-            nn.Conv2d(_in_channels(space), 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            _conv(_in_channels(space), 32, 8, stride=4), nn.ReLU(),
+            _conv(32, 64, 4, stride=2), nn.ReLU(),
+            _conv(64, 64, 3, stride=1), nn.ReLU(),
         )
         super().__init__(space, convs, 512)
 
