@@ -1,10 +1,11 @@
 """Actor (rollout) worker: steps `--num_envs_per_worker` envs in `--worker_num_splits` groups.
 
 Each split writes observations straight into its trajectory slots, asks the inference worker of each
-policy acting in it for actions (a message of three integers), and steps again when the answers come
-back; meanwhile the other splits step (double buffering). After `--rollout` steps the filled slots go
-to the learners and fresh slots come from this worker's private free list. This module never imports
-torch: it sees the shared buffers as numpy arrays.
+policy acting in it for actions (by bumping a request counter in shared memory), and steps again when
+the answer counters catch up; meanwhile the other splits step (double buffering). Queue messages are
+only needed to wake a process that sleeps: an idle inference worker, or this actor when no split can
+step. After `--rollout` steps the filled slots go to the learners and fresh slots come from this
+worker's private free list. This module never imports torch: it sees the shared buffers as numpy arrays.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from utils.process import init_worker
 from utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
+# Longest sleep on the inbox while no split can step. A wake-up can be missed when both sides raise their
+# flag at the same instant (a store and a load may pass each other between cores); this bounds the delay.
+WAIT_TIMEOUT_S = 0.002
 
 
 class Split:
@@ -38,7 +42,8 @@ class Split:
     def __init__(self, envs: list[gym.Env], num_agents: int):
         self.envs = envs
         self.t = 0
-        self.pending = 0  # inference answers still awaited
+        self.waiting = False  # for answers to the last request
+        self.acting: list[int] = []  # policies asked for actions at the last request
         n = len(envs) * num_agents
         self.slots = np.zeros(n, dtype=np.int64)  # a copy of SamplerState.cur_slot for this split
         # Per env-agent views of its slot's observation rows [T+1, ...] (single Box observations only).
@@ -50,17 +55,21 @@ class Split:
 
 class ActorWorker:
     def __init__(self, cfg, layout: Layout, worker: int, traj: TrajBuffers, sampler: SamplerState,
-                 inbox, policy_queues: list, learner_inboxes: list, report_queue):
+                 inbox, inference_queues: list[list], learner_inboxes: list, report_queue):
         self.cfg, self.layout, self.worker = cfg, layout, worker
         self.num_agents = layout.num_agents
         self.env_kwargs = env_kwargs(cfg)
         self.traj, self.sampler = traj, sampler
-        self.inbox, self.policy_queues = inbox, policy_queues
+        self.inbox = inbox
+        # This worker is served by inference worker `worker % policy_workers_per_policy` of each policy.
+        self.inference_index = worker % cfg.policy_workers_per_policy
+        self.inference_queues = [queues[self.inference_index] for queues in inference_queues]
+        self.requested = sampler.request_count[:, worker]  # [policy, split] views
+        self.answered = sampler.answer_count[:, worker]
         self.learner_inboxes, self.report_queue = learner_inboxes, report_queue
         self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 1000 * worker)
         self.free_slots: deque[int] = deque(layout.worker_slots(worker))
         self.slot_refs = np.zeros(layout.num_slots, dtype=np.int64)  # learners still holding a slot
-        self.deferred: list = []  # answers that arrived while this worker waited for slots
         self.timing = Timing()
         self.env_steps = 0
         self.env_errors = 0
@@ -127,35 +136,41 @@ class ActorWorker:
         for s in range(len(self.splits)):
             self._request_actions(s)
         while not self.sampler.stop[0]:
-            if self.deferred:
-                messages, self.deferred = self.deferred, []
-            else:
+            stepped = False
+            for s, split in enumerate(self.splits):
+                if split.waiting and self._answered(s):
+                    self._step_split(s)
+                    stepped = True
+            if not stepped:
                 with self.timing.time("wait_actions"):
-                    messages = self._get_messages()
-            self._handle(messages)
+                    self._sleep_until_answered()
             self._maybe_report()
         self._report()
         for split in self.splits:
             for env in split.envs:
                 env.close()
 
-    def _get_messages(self) -> list:
-        try:
-            return self.inbox.get_many(timeout=0.1)
-        except Empty:
-            return []
+    def _answered(self, s: int) -> bool:
+        """Whether every policy asked at split s's last request has written its actions."""
+        return all(self.answered[p, s] == self.requested[p, s] for p in self.splits[s].acting)
 
-    def _handle(self, messages: list) -> None:
-        """Slot releases first: a split stepped now may need exactly the slots a release in this batch frees."""
+    def _sleep_until_answered(self) -> None:
+        """Block on the inbox until an inference worker wakes this actor (or WAIT_TIMEOUT_S passes);
+        slot releases that arrive meanwhile are applied."""
+        self.sampler.actor_waiting[self.worker] = 1
+        if not any(split.waiting and self._answered(s) for s, split in enumerate(self.splits)):
+            self._apply_messages(timeout=WAIT_TIMEOUT_S)
+        self.sampler.actor_waiting[self.worker] = 0
+
+    def _apply_messages(self, timeout: float) -> None:
+        """Apply the slot releases in the inbox (learners send them); wake-ups need no action."""
+        try:
+            messages = self.inbox.get_many(block=timeout > 0, timeout=timeout)
+        except Empty:
+            return
         for message in messages:
             if message[0] == "release":
                 self._release(message[1])
-        for message in messages:
-            if message[0] == "act":
-                split = self.splits[message[1]]
-                split.pending -= 1
-                if split.pending == 0:
-                    self._step_split(message[1])
 
     # ---------------------------------------------------------------- stepping
     def _env_actions(self, actions: np.ndarray) -> list:
@@ -260,11 +275,15 @@ class ActorWorker:
         return sorted(set(self.sampler.agent_policy[self.worker, s].tolist()))
 
     def _request_actions(self, s: int) -> None:
-        message = ("obs", self.worker, s, self.splits[s].t)
-        acting = self._acting_policies(s)
-        self.splits[s].pending = len(acting)
-        for policy in acting:
-            self.policy_queues[policy].put(message)
+        """Ask every policy acting in split s for actions at its current step; wake the idle ones."""
+        split, sampler, w = self.splits[s], self.sampler, self.worker
+        split.acting = self._acting_policies(s)
+        split.waiting = True
+        for policy in split.acting:
+            sampler.request_step[policy, w, s] = split.t
+            sampler.request_count[policy, w, s] += 1  # publishes the request: written last
+            if sampler.inference_idle[policy, self.inference_index]:
+                self.inference_queues[policy].put(("wake",))
 
     # ---------------------------------------------------------------- trajectory slots
     def _finish_rollout(self, s: int) -> None:
@@ -314,11 +333,7 @@ class ActorWorker:
                or self._learner_behind()):
             if self.sampler.stop[0]:
                 return None
-            for message in self._get_messages():
-                if message[0] == "release":
-                    self._release(message[1])
-                else:
-                    self.deferred.append(message)
+            self._apply_messages(timeout=0.05)  # releases come as messages; a pause ends by a flag
             self._maybe_report()
         self.timing.add("wait_buffers", time.perf_counter() - start)
         return self._take_slots(n)
@@ -342,9 +357,8 @@ class ActorWorker:
     # ---------------------------------------------------------------- reporting
     def _state(self) -> str:
         """What this worker is waiting for, for the runner's stall report."""
-        waiting = [str(i) for i, split in enumerate(self.splits) if split.pending > 0]
-        return (f"splits waiting for actions [{','.join(waiting)}], {len(self.free_slots)} free slots, "
-                f"{len(self.deferred)} deferred messages")
+        waiting = [str(i) for i, split in enumerate(self.splits) if split.waiting and not self._answered(i)]
+        return f"splits waiting for actions [{','.join(waiting)}], {len(self.free_slots)} free slots"
 
     def _maybe_report(self) -> None:
         if time.monotonic() - self.last_report > REPORT_INTERVAL_S:
@@ -364,8 +378,8 @@ class ActorWorker:
         self.finished_episodes = []
 
 
-def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, policy_queues, learner_inboxes,
+def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes,
                      report_queue) -> None:
     cpu = worker if cfg.set_workers_cpu_affinity else None
     init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread, extra_niceness=cfg.actor_niceness)
-    ActorWorker(cfg, layout, worker, traj, sampler, inbox, policy_queues, learner_inboxes, report_queue).run()
+    ActorWorker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes, report_queue).run()

@@ -149,12 +149,26 @@ class SamplerState:
     `cur_slot[w, s, j]` is the slot env-agent j of split s of worker w is filling; `agent_policy` is the
     policy acting for it this episode. Inference workers read both to find where a request's
     observations are and where to write the actions.
+
+    The counters below publish data written just before them to another process; that relies on stores
+    becoming visible in program order, which x86-64 guarantees (TSO).
     """
 
-    def __init__(self, layout: Layout, num_policies: int):
+    def __init__(self, layout: Layout, num_policies: int, inference_workers_per_policy: int = 1):
         shape = (layout.num_workers, layout.num_splits, layout.agents_per_split)
         self.cur_slot = shared_array(shape, np.int64)
         self.agent_policy = shared_array(shape, np.int16)
+        # Requests for actions and their answers, per (policy, worker, split). A split has at most one
+        # request outstanding per policy: the actor writes the step into request_step, then bumps
+        # request_count; inference writes the results into the slots, then bumps answer_count. Each
+        # counter has one writer, and no queue message is needed unless the other side sleeps.
+        requests = (num_policies, layout.num_workers, layout.num_splits)
+        self.request_step = shared_array(requests, np.int64)
+        self.request_count = shared_array(requests, np.int64)
+        self.answer_count = shared_array(requests, np.int64)
+        # Raised by a worker about to block on its queue: whoever then gives it work also sends a wake-up.
+        self.actor_waiting = shared_array((layout.num_workers,), np.uint8)
+        self.inference_idle = shared_array((num_policies, inference_workers_per_policy), np.uint8)
         # Published weight version per policy; -1 until the learner has published its first weights.
         self.policy_version = shared_array((num_policies,), np.int64)
         self.policy_version[:] = -1

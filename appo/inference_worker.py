@@ -1,9 +1,10 @@
 """Inference (policy) worker: one batched forward pass over every pending request of its policy.
 
-A request `("obs", worker, split, t)` says: the env-agents of that split acting for this policy have
-their observation at step t of their current slots. The worker gathers all of them, runs the model
-once, writes actions, log-probs, values, versions and next RNN states into the same slots, and tells
-each actor that its split may step.
+A request (a bumped `request_count[policy, worker, split]`, with the step in `request_step`) says: the
+env-agents of that split acting for this policy have their observation at step t of their current slots.
+The worker finds every pending request of the actors it serves (`worker % --policy_workers_per_policy`),
+gathers their observations, runs the model once, writes actions, log-probs, values, versions and next
+RNN states into the same slots, and bumps the answer counters; actors asleep get a wake-up message.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from utils.timing import Timing
 REPORT_INTERVAL_S = 1.0
 # A small batch waits at most this long for more requests (see InferenceWorker._next_requests).
 MAX_BATCH_WAIT_S = 0.001
+# Longest sleep on the queue while no request is pending (bounds the delay of a missed wake-up).
+IDLE_TIMEOUT_S = 0.002
 
 
 def resolve_device(name: str) -> torch.device:
@@ -34,9 +37,14 @@ def resolve_device(name: str) -> torch.device:
 
 class InferenceWorker:
     def __init__(self, cfg, layout: Layout, spaces, policy_id: int, index: int, traj: TrajBuffers,
-                 sampler: SamplerState, request_queue, actor_inboxes: list, report_queue, weights_name: str):
+                 sampler: SamplerState, wake_queue, actor_inboxes: list, report_queue, weights_name: str):
         self.cfg, self.layout, self.policy_id, self.index = cfg, layout, policy_id, index
-        self.sampler, self.request_queue = sampler, request_queue
+        self.sampler, self.wake_queue = sampler, wake_queue
+        # The actors this worker serves, and views of their request and answer counters [worker, split].
+        self.workers = np.arange(index, cfg.num_workers, cfg.policy_workers_per_policy)
+        self.request_count = sampler.request_count[policy_id, index::cfg.policy_workers_per_policy]
+        self.answer_count = sampler.answer_count[policy_id, index::cfg.policy_workers_per_policy]
+        self.request_step = sampler.request_step[policy_id, index::cfg.policy_workers_per_policy]
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
         self.device = resolve_device(cfg.device)
         self.traj = traj
@@ -55,7 +63,7 @@ class InferenceWorker:
         # many (worker, split) streams sending requests, batches of one or two requests would spend most
         # of the CPU on that cost, so small batches wait briefly for more: at most MAX_BATCH_WAIT_S, far
         # less than a split's step, so double-buffered actors do not notice.
-        streams = cfg.num_workers * cfg.worker_num_splits / cfg.policy_workers_per_policy
+        streams = len(self.workers) * cfg.worker_num_splits
         self.min_batch_requests = max(1, int(streams // 8))
         self.request_rate = 0.0  # requests per second, measured over the last report interval
 
@@ -66,7 +74,7 @@ class InferenceWorker:
         while not self.sampler.stop[0]:
             with self.timing.time("wait"):
                 requests = self._next_requests()
-            if requests:
+            if len(requests[0]):
                 with self.timing.time("weights"):
                     self.weights.update()
                 with self.timing.time("forward"):
@@ -78,22 +86,33 @@ class InferenceWorker:
                 last_report = now
         self._report()
 
-    def _next_requests(self) -> list:
-        """Every pending request; when fewer than min_batch_requests, after a wait for the missing ones."""
-        try:
-            requests = self.request_queue.get_many(timeout=0.1)
-        except Empty:
-            return []
-        missing = self.min_batch_requests - len(requests)
-        if missing > 0 and self.request_rate > 0:
+    def _pending(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row in this worker's share, split) of every request not answered yet."""
+        return np.nonzero(self.request_count != self.answer_count)
+
+    def _next_requests(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every pending request; when fewer than min_batch_requests, after a wait for the missing ones.
+        With none pending, sleep on the wake-up queue (actors send a wake-up while `inference_idle`)."""
+        requests = self._pending()
+        if not len(requests[0]):
+            idle = self.sampler.inference_idle[self.policy_id]
+            idle[self.index] = 1
+            requests = self._pending()  # a request may have come before the flag was seen
+            if not len(requests[0]):
+                with contextlib.suppress(Empty):
+                    self.wake_queue.get_many(timeout=IDLE_TIMEOUT_S)
+                requests = self._pending()
+            idle[self.index] = 0
+        missing = self.min_batch_requests - len(requests[0])
+        if len(requests[0]) and missing > 0 and self.request_rate > 0:
             time.sleep(min(MAX_BATCH_WAIT_S, missing / self.request_rate))
-            with contextlib.suppress(Empty):
-                requests += self.request_queue.get_many(block=False)
+            requests = self._pending()
         return requests
 
-    def _locate(self, requests: list) -> tuple[np.ndarray, np.ndarray]:
+    def _locate(self, requests: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Slot and step index of every env-agent of this policy named by the requests."""
-        workers, splits, steps = np.array([request[1:] for request in requests], dtype=np.int64).T
+        rows, splits = requests
+        workers, steps = self.workers[rows], self.request_step[rows, splits]
         slots = self.sampler.cur_slot[workers, splits]  # [requests, agents per split]
         steps = np.repeat(steps, slots.shape[1])
         if self.cfg.num_policies == 1:
@@ -102,7 +121,7 @@ class InferenceWorker:
         return slots.ravel()[mine], steps[mine]
 
     @torch.no_grad()
-    def _serve(self, requests: list) -> None:
+    def _serve(self, requests: tuple[np.ndarray, np.ndarray]) -> None:
         # Gathers and scatters go through numpy views of the shared memory: for the small index sets of
         # one batch numpy's fancy indexing costs a fraction of torch's. Torch runs only the model.
         slots, steps = self._locate(requests)
@@ -121,11 +140,14 @@ class InferenceWorker:
         if self.cfg.use_rnn:
             traj.rnn_states[slots, steps + 1] = next_rnn_states.cpu().numpy()
 
-        for _, worker, split, _ in requests:
-            self.actor_inboxes[worker].put(("act", split))
+        rows, splits = requests
+        self.answer_count[rows, splits] += 1  # publishes the results: written last
+        workers = self.workers[rows]
+        for worker in set(workers[self.sampler.actor_waiting[workers] == 1].tolist()):
+            self.actor_inboxes[worker].put(("wake",))
         self.samples += len(slots)
         self.batches += 1
-        self.requests += len(requests)
+        self.requests += len(rows)
 
     def _report(self) -> None:
         self.report_queue.put(("inference", self.policy_id, {
@@ -135,9 +157,9 @@ class InferenceWorker:
         self.samples = self.batches = self.requests = 0
 
 
-def run_inference_worker(cfg, layout, spaces, policy_id, index, traj, sampler, request_queue, actor_inboxes,
+def run_inference_worker(cfg, layout, spaces, policy_id, index, traj, sampler, wake_queue, actor_inboxes,
                          report_queue, weights_name) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(1)
-    InferenceWorker(cfg, layout, spaces, policy_id, index, traj, sampler, request_queue, actor_inboxes,
+    InferenceWorker(cfg, layout, spaces, policy_id, index, traj, sampler, wake_queue, actor_inboxes,
                     report_queue, weights_name).run()

@@ -53,11 +53,13 @@ class Runner:
         self.spaces = (env.obs_space, env.action_space)
         self.layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
         self.traj = TrajBuffers(self.layout)
-        self.sampler = SamplerState(self.layout, cfg.num_policies)
+        self.sampler = SamplerState(self.layout, cfg.num_policies, cfg.policy_workers_per_policy)
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
         self.report_queue = make_queue(10_000_000)
         self.actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
-        self.policy_queues = [make_queue() for _ in range(cfg.num_policies)]
+        # Wake-up queues of the inference workers, [policy][index]; requests themselves go through memory.
+        self.inference_queues = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)]
+                                 for _ in range(cfg.num_policies)]
         self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
         self.processes: list[multiprocessing.Process] = []
@@ -82,11 +84,11 @@ class Runner:
                         self.exp_dir)
             for i in range(cfg.policy_workers_per_policy):
                 self._spawn(f"inference_p{p}_{i}", "appo.inference_worker", "run_inference_worker", cfg, layout,
-                            self.spaces, p, i, self.traj, self.sampler, self.policy_queues[p], self.actor_inboxes,
+                            self.spaces, p, i, self.traj, self.sampler, self.inference_queues[p][i], self.actor_inboxes,
                             self.report_queue, name)
         for w in range(cfg.num_workers):
             self._spawn(f"actor_{w}", "appo.actor_worker", "run_actor_worker", cfg, layout, w, self.traj,
-                        self.sampler, self.actor_inboxes[w], self.policy_queues, self.learner_inboxes,
+                        self.sampler, self.actor_inboxes[w], self.inference_queues, self.learner_inboxes,
                         self.report_queue)
 
     # ---------------------------------------------------------------- main loop

@@ -1,4 +1,7 @@
-"""The actor worker's message handling, driven directly with real envs, buffers and queues."""
+"""The actor worker's stepping and slot handling, driven directly with real envs, buffers and queues.
+
+`answer` plays the inference worker: it bumps a split's answer counter, as inference does after
+writing the actions."""
 
 import pytest
 from faster_fifo import Queue
@@ -15,31 +18,51 @@ def make_worker(*env_args: str):
                                              "--batch_size=16", "--decorrelate_envs_on_one_worker=False"]))
     env = make_env(cfg.env, env_kwargs(cfg))
     layout = Layout.from_cfg(cfg, env.observation_space, env.action_space)
-    queues = {"inbox": Queue(), "policy": Queue(), "learner": Queue(), "report": Queue()}
+    queues = {"inbox": Queue(), "inference": Queue(), "learner": Queue(), "report": Queue()}
     worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), SamplerState(layout, 1), queues["inbox"],
-                         [queues["policy"]], [queues["learner"]], queues["report"])
+                         [[queues["inference"]]], [queues["learner"]], queues["report"])
     worker.init_envs()
+    for s in range(layout.num_splits):
+        worker._request_actions(s)
     return worker, layout, queues
 
 
+def answer(worker, s: int) -> None:
+    worker.sampler.answer_count[0, worker.worker, s] = worker.sampler.request_count[0, worker.worker, s]
+
+
 @pytest.mark.timeout(30)
-def test_release_in_the_same_batch_frees_slots_for_the_step():
-    """An "act" that ends a rollout and a "release" of the slots it needs may arrive in one get_many batch."""
+def test_a_rollout_end_takes_slots_a_learner_released_meanwhile():
+    """The split that ends its rollout needs exactly the slots a release waiting in the inbox frees."""
     worker, layout, queues = make_worker()
     held_by_learner = list(worker.free_slots)  # every spare slot is at the learner
     worker.free_slots.clear()
     worker.slot_refs[held_by_learner] = 1
+    queues["inbox"].put(("release", held_by_learner))
     split = worker.splits[0]
-    split.t, split.pending = layout.rollout - 1, 1
+    split.t = layout.rollout - 1
     before = worker.sampler.cur_slot[0, 0].copy()
 
-    worker._handle([("act", 0), ("release", held_by_learner)])  # blocked forever before the fix
+    answer(worker, 0)
+    worker._step_split(0)
 
-    assert split.t == 0 and split.pending == 1
+    assert split.t == 0 and split.waiting and not worker._answered(0)
     assert set(worker.sampler.cur_slot[0, 0]).isdisjoint(before)
     kind, sent = queues["learner"].get(timeout=1)
     assert kind == "traj" and sorted(sent) == sorted(before.tolist())
-    assert queues["policy"].get(timeout=1) == ("obs", 0, 0, 0)
+    assert worker.sampler.request_step[0, 0, 0] == 0
+
+
+@pytest.mark.timeout(30)
+def test_requests_wake_an_idle_inference_worker_only():
+    worker, layout, queues = make_worker()
+    answer(worker, 0)
+    worker._step_split(0)  # inference busy: no message
+    worker.sampler.inference_idle[0, 0] = 1
+    answer(worker, 1)
+    worker._step_split(1)  # inference asleep: one wake-up
+    assert queues["inference"].get_many(timeout=1) == [("wake",)]
+    assert list(worker.sampler.request_count[0, 0]) == [2, 2]
 
 
 @pytest.mark.timeout(30)
@@ -47,8 +70,8 @@ def test_a_step_writes_rewards_dones_and_next_observations():
     worker, layout, queues = make_worker()
     slots = worker.sampler.cur_slot[0, 1].copy()
     worker.traj.actions[slots, 0] = 1
-    worker.splits[1].pending = 1
-    worker._handle([("act", 1)])
+    answer(worker, 1)
+    worker._step_split(1)
     assert (worker.traj.rewards[slots, 0] == 1.0).all()  # CartPole's reward, unscaled (the learner scales it)
     assert not worker.traj.dones[slots, 0].any()
     assert (worker.traj.obs["obs"][slots, 1] != worker.traj.obs["obs"][slots, 0]).any()
@@ -62,8 +85,8 @@ def test_a_time_limit_is_stored_as_truncation_and_the_episode_is_reported():
     split = worker.splits[0]
     slots = split.slots.copy()
     for _ in range(2):
-        split.pending = 1
-        worker._handle([("act", 0)])
+        answer(worker, 0)
+        worker._step_split(0)
     assert (worker.traj.dones[slots, 0] == 0).all() and (worker.traj.dones[slots, 1] == TRUNCATED).all()
     assert len(worker.finished_episodes) == 2  # the split's two envs
     for policy, _, length in worker.finished_episodes:
