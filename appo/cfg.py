@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_policies", type=int, default=1,
         help="Number of policies trained together; each agent is mapped to a random policy per episode.")
     add("--policy_workers_per_policy", type=int, default=1,
-        help="Inference worker processes per policy; each batches all pending requests into one forward pass.")
+        help="Inference worker processes per policy; actor w is served by worker w %% N, which batches all "
+             "pending requests of its actors into one forward pass.")
     add("--rollout", type=int, default=32, help="Steps per trajectory sent from actors to the learner.")
     add("--min_traj_buffers_per_worker", type=int, default=2,
         help="Trajectory slots per env per worker; more slots let actors run ahead of the learner.")
@@ -154,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--benchmark", type=str2bool, default=False,
         help="Run a fixed budget and print a throughput table (frames/s, time shares, bottleneck); also "
              "written to benchmark.json in the experiment dir.")
-    add("--benchmark_env_steps", type=int, default=2_000_000, help="Env steps after which a benchmark stops.")
+    add("--benchmark_env_steps", type=int, default=2_000_000,
+        help="Env steps after which a benchmark stops, counted once every actor is sampling.")
     add("--benchmark_samples", type=int, default=1_000_000,
         help="Trained samples after which a benchmark stops (whichever budget comes first).")
     add("--sampler_only", type=str2bool, default=False,
@@ -199,6 +201,9 @@ def validate(cfg: argparse.Namespace) -> None:
             raise ConfigError(f"--{name}={getattr(cfg, name)}: must be positive")
     if not 0 <= cfg.actor_niceness <= 19:
         raise ConfigError(f"--actor_niceness={cfg.actor_niceness}: must be within [0, 19]")
+    if cfg.policy_workers_per_policy > cfg.num_workers:
+        raise ConfigError(f"--policy_workers_per_policy={cfg.policy_workers_per_policy}: more than "
+                          f"--num_workers={cfg.num_workers}; each inference worker serves its own actors")
     if cfg.mlp_layers < 0:
         raise ConfigError(f"--mlp_layers={cfg.mlp_layers}: must be 0 or more")
     if cfg.num_envs_per_worker % cfg.worker_num_splits != 0:

@@ -65,7 +65,9 @@ class Reports:
         if self.measure_start is None and data["env_steps"] > 0:
             self.sampling_actors.add(worker)
             if len(self.sampling_actors) == self.cfg.num_workers:
-                self.measure_start = (time.monotonic(), self.sampled_env_steps, sum(self.samples_total))
+                # This report's steps were taken before now: they are not part of the measured period.
+                self.measure_start = (time.monotonic(), self.sampled_env_steps + data["env_steps"],
+                                      sum(self.samples_total))
                 self.cpu_at_measure_start = psutil.cpu_times()
                 self.inference_obs = self.inference_batches = 0
         self.sampled_env_steps += data["env_steps"]
@@ -177,15 +179,20 @@ class Reports:
                 writer.add_scalar(f"memory/{name}_mb", mb, step)
 
     # ---------------------------------------------------------------- benchmark
+    def measured(self) -> tuple[float, int, int]:
+        """Seconds, env steps and trained samples of the measured period (every actor sampling)."""
+        now = time.monotonic()
+        if self.measure_start is None:
+            return 0.0, 0, 0
+        begin, steps_before, samples_before = self.measure_start
+        return now - begin, self.sampled_env_steps - steps_before, sum(self.samples_total) - samples_before
+
     def benchmark_summary(self, env_name: str) -> dict:
         """Throughput, and where each component's time went, since every actor worker is sampling."""
         cfg = self.cfg
-        now = time.monotonic()
-        wall = now - self.start
-        begin, steps_before, samples_before = self.measure_start or (now, self.sampled_env_steps,
-                                                                     sum(self.samples_total))
-        measured = max(now - begin, 1e-9)
-        env_steps = self.sampled_env_steps - steps_before
+        wall = time.monotonic() - self.start
+        seconds, env_steps, samples = self.measured()
+        measured = max(seconds, 1e-9)
         processes = {"actor": cfg.num_workers, "inference": cfg.num_policies * cfg.policy_workers_per_policy,
                      "learner": cfg.num_policies}
         shares = {}
@@ -202,7 +209,7 @@ class Reports:
             "env_steps": env_steps, "env_frames": env_steps * self.frames_per_step,
             "env_steps_per_s": env_steps / measured,
             "env_frames_per_s": env_steps * self.frames_per_step / measured,
-            "samples_per_s": (sum(self.samples_total) - samples_before) / measured,
+            "samples_per_s": samples / measured,
             "policy_lag": {"min": self.lag["min"] if self.lag["avg"] else 0.0, "max": self.lag["max"],
                            "avg": float(np.mean(self.lag["avg"])) if self.lag["avg"] else 0.0},
             "time_shares": shares,

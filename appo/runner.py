@@ -171,10 +171,12 @@ class Runner:
             states = "; ".join(f"{name}: {state}" for name, state in sorted(reports.states.items()))
             return Outcome(f"no env step for {stalled:.0f} s (--stall_timeout_seconds); worker states: {states}",
                            completed=False, failed=True)
-        if cfg.benchmark and reports.sampled_env_steps >= cfg.benchmark_env_steps:
-            return Outcome(f"benchmark budget --benchmark_env_steps={cfg.benchmark_env_steps} reached", True)
-        if cfg.benchmark and sum(reports.samples_total) >= cfg.benchmark_samples:
-            return Outcome(f"benchmark budget --benchmark_samples={cfg.benchmark_samples} reached", True)
+        if cfg.benchmark:  # the budgets count the measured period only, so it is never empty
+            _, env_steps, samples = reports.measured()
+            if env_steps >= cfg.benchmark_env_steps:
+                return Outcome(f"benchmark budget --benchmark_env_steps={cfg.benchmark_env_steps} reached", True)
+            if samples >= cfg.benchmark_samples:
+                return Outcome(f"benchmark budget --benchmark_samples={cfg.benchmark_samples} reached", True)
         if reports.total_env_steps() >= cfg.train_for_env_steps:
             return Outcome(f"reached --train_for_env_steps={cfg.train_for_env_steps}", completed=True)
         if elapsed >= cfg.train_for_seconds:

@@ -44,6 +44,7 @@ def run(train_dir: str, *args: str) -> subprocess.CompletedProcess:
     (["--env=CartPole-v1", "--num_envs_per_worker=5", "--worker_num_splits=2"], "not divisible by --worker_num_splits"),
     (["--env=CartPole-v1", "--num_workers=0"], "--num_workers=0: must be a positive integer"),
     (["--env=CartPole-v1", "--rollout=-4"], "--rollout=-4: must be a positive integer"),
+    (["--env=CartPole-v1", "--num_workers=1", "--policy_workers_per_policy=2"], "more than --num_workers=1"),
     (["--env=CartPole-v1", "--no_such_flag=1"], "unrecognized arguments: --no_such_flag=1"),
     (["--env=CartPole-v1", "--use_rnn=maybe"], "--use_rnn"),
     (["--num_workers=2"], "--env"),

@@ -4,11 +4,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+from appo.cfg import build_parser, resolve
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
-from appo.reporting import TIME_SHARES, diagnose
+from appo.reporting import TIME_SHARES, Reports, diagnose
 from tests.conftest import REPO
 
 TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]
@@ -96,3 +98,22 @@ def test_bench_scripts_run_end_to_end(tmp_path):
     assert [row["workers"] for row in rows] == [1, 2]
     assert all(row["raw"] > 0 and row["trainer"] > 0 for row in rows)
     assert set(os.listdir("/dev/shm")) == shm_before
+
+
+def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):
+    cfg = resolve(build_parser().parse_args(["--env=CartPole-v1", "--num_workers=2", "--benchmark=True"]))
+    reports = Reports(cfg, str(tmp_path), [0])
+
+    def report(worker: int, env_steps: int) -> None:
+        reports.on_actor(worker, {"state": "", "timing": {}, "env_steps": env_steps, "env_errors": 0,
+                                  "episodes": []})
+
+    report(0, 5000)  # both actors' first reports cover their start-up second: not measured
+    report(1, 5000)
+    time.sleep(0.5)
+    report(0, 250)
+    report(1, 250)
+    summary = reports.benchmark_summary("CartPole-v1")
+    reports.close()
+    assert summary["env_steps"] == 500
+    assert summary["env_steps_per_s"] == pytest.approx(1000, rel=0.2)

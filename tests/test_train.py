@@ -28,6 +28,16 @@ def test_cartpole_learns(trainer):
 
 
 @pytest.mark.timeout(90)
+def test_two_inference_workers_share_the_actors(trainer):
+    # Actors 0 and 2 are served by inference worker 0, actor 1 by worker 1: every actor must get answers.
+    result = trainer.run("--env=CartPole-v1", "--experiment=two_inference", "--train_for_env_steps=120000",
+                         "--policy_workers_per_policy=2", "--num_workers=3", "--num_envs_per_worker=8",
+                         "--report_interval=1", "--decorrelate_envs_on_one_worker=False")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_mean_reward(result.stdout) > 80
+
+
+@pytest.mark.timeout(90)
 def test_interrupt_saves_and_resume_continues(trainer):
     args = ["--env=CartPole-v1", "--experiment=resume", *FAST]
     process = trainer.start(*args)
