@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 from faster_fifo import Empty
 
-from appo.buffers import TERMINATED, TRUNCATED, Layout, SamplerState, TrajBuffers
+from appo.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
 from appo.cfg import env_kwargs, lockstep, trajectories_per_iteration
 from appo.spaces import SINGLE_KEY, to_env_action
 from envs import make_env
@@ -28,9 +28,6 @@ from utils.process import init_worker
 from utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
-# Longest sleep on the inbox while no split can step. A wake-up can be missed when both sides raise their
-# flag at the same instant (a store and a load may pass each other between cores); this bounds the delay.
-WAIT_TIMEOUT_S = 0.002
 
 
 class Split:
@@ -42,7 +39,6 @@ class Split:
     def __init__(self, envs: list[gym.Env], num_agents: int):
         self.envs = envs
         self.t = 0
-        self.waiting = False  # for answers to the last request
         self.acting: list[int] = []  # policies asked for actions at the last request
         n = len(envs) * num_agents
         self.slots = np.zeros(n, dtype=np.int64)  # a copy of SamplerState.cur_slot for this split
@@ -137,8 +133,8 @@ class ActorWorker:
             self._request_actions(s)
         while not self.sampler.stop[0]:
             stepped = False
-            for s, split in enumerate(self.splits):
-                if split.waiting and self._answered(s):
+            for s in range(len(self.splits)):
+                if self._answered(s):
                     self._step_split(s)
                     stepped = True
             if not stepped:
@@ -155,11 +151,11 @@ class ActorWorker:
         return all(self.answered[p, s] == self.requested[p, s] for p in self.splits[s].acting)
 
     def _sleep_until_answered(self) -> None:
-        """Block on the inbox until an inference worker wakes this actor (or WAIT_TIMEOUT_S passes);
+        """Block on the inbox until an inference worker wakes this actor (or WAKE_TIMEOUT_S passes);
         slot releases that arrive meanwhile are applied."""
         self.sampler.actor_waiting[self.worker] = 1
-        if not any(split.waiting and self._answered(s) for s, split in enumerate(self.splits)):
-            self._apply_messages(timeout=WAIT_TIMEOUT_S)
+        if not any(self._answered(s) for s in range(len(self.splits))):  # an answer may predate the flag
+            self._apply_messages(timeout=WAKE_TIMEOUT_S)
         self.sampler.actor_waiting[self.worker] = 0
 
     def _apply_messages(self, timeout: float) -> None:
@@ -278,7 +274,6 @@ class ActorWorker:
         """Ask every policy acting in split s for actions at its current step; wake the idle ones."""
         split, sampler, w = self.splits[s], self.sampler, self.worker
         split.acting = self._acting_policies(s)
-        split.waiting = True
         for policy in split.acting:
             sampler.request_step[policy, w, s] = split.t
             sampler.request_count[policy, w, s] += 1  # publishes the request: written last
@@ -357,7 +352,7 @@ class ActorWorker:
     # ---------------------------------------------------------------- reporting
     def _state(self) -> str:
         """What this worker is waiting for, for the runner's stall report."""
-        waiting = [str(i) for i, split in enumerate(self.splits) if split.waiting and not self._answered(i)]
+        waiting = [str(s) for s in range(len(self.splits)) if not self._answered(s)]
         return f"splits waiting for actions [{','.join(waiting)}], {len(self.free_slots)} free slots"
 
     def _maybe_report(self) -> None:

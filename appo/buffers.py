@@ -38,6 +38,10 @@ from appo.spaces import action_layout, obs_as_dict, obs_dtype, obs_spaces
 
 # Done codes: the learner treats both as episode ends, and credits V(s_t) at a time-limit truncation.
 TERMINATED, TRUNCATED = 1, 2
+# Longest sleep of an actor or inference worker on its queue while it has nothing to do. A wake-up can be
+# missed when one side raises its flag (actor_waiting, inference_idle) at the instant the other checks
+# it (a store and a load may pass each other between cores); this bounds the delay.
+WAKE_TIMEOUT_S = 0.002
 
 
 def shared_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from faster_fifo import Empty
 
-from appo.buffers import Layout, SamplerState, TrajBuffers
+from appo.buffers import WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
 from appo.model import ActorCritic
 from appo.weights import WeightsSubscriber
 from utils.process import init_worker
@@ -25,8 +25,6 @@ from utils.timing import Timing
 REPORT_INTERVAL_S = 1.0
 # A small batch waits at most this long for more requests (see InferenceWorker._next_requests).
 MAX_BATCH_WAIT_S = 0.001
-# Longest sleep on the queue while no request is pending (bounds the delay of a missed wake-up).
-IDLE_TIMEOUT_S = 0.002
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,7 +98,7 @@ class InferenceWorker:
             requests = self._pending()  # a request may have come before the flag was seen
             if not len(requests[0]):
                 with contextlib.suppress(Empty):
-                    self.wake_queue.get_many(timeout=IDLE_TIMEOUT_S)
+                    self.wake_queue.get_many(timeout=WAKE_TIMEOUT_S)
                 requests = self._pending()
             idle[self.index] = 0
         missing = self.min_batch_requests - len(requests[0])

@@ -207,11 +207,11 @@ class Learner:
     def _collect(self, slots: list[int]) -> dict[str, Tensor] | None:
         """Copy fresh enough trajectories out of shared memory and return every slot to its actor."""
         index = torch.tensor(slots, dtype=torch.long)
-        traj = self.traj
+        traj, cfg = self.traj, self.cfg
         valid = self._count_env_steps(index)
         versions = traj["policy_versions"][index]
         oldest = torch.where(valid, versions, torch.full_like(versions, self.version)).min(dim=1).values
-        fresh = (self.version - oldest) <= self.cfg.max_policy_lag
+        fresh = (self.version - oldest) <= cfg.max_policy_lag
         self.dropped += int((~fresh).sum())
         keep = index[fresh]
         batch = None
@@ -222,12 +222,12 @@ class Learner:
             self.stats["lag_avg"].append(lags.mean().item())
             batch = {name: select(traj[name], keep, self.device) for name in
                      ("obs", "rnn_states", "actions", "log_probs", "values", "rewards", "dones")}
-            cfg, done_codes = self.cfg, batch["dones"]
+            done_codes = batch["dones"]
             batch["rewards"] = losses.shaped_rewards(batch["rewards"], (done_codes == TRUNCATED).float(),
                                                      batch["values"], cfg.gamma, cfg.reward_scale, cfg.reward_clip,
                                                      cfg.value_bootstrap)
             batch["dones"] = (done_codes > 0).float()
-            if self.cfg.num_policies > 1:
+            if cfg.num_policies > 1:
                 batch["mask"] = valid[fresh].float().to(self.device)
         self._release(slots)
         return batch

