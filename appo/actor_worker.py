@@ -180,13 +180,15 @@ class ActorWorker:
     def _step_split(self, s: int) -> None:
         """Step every env of split s with the actions inference wrote, store what the envs returned.
 
-        This runs thousands of times a second in every actor, often with caches cold after a sleep, so
-        per-env results go to Python lists and each trajectory field gets one array write per step.
+        This runs thousands of times a second in every actor, with caches cold after each env's step (the
+        env may sleep or wait, and other processes run meanwhile). So the loop over envs only collects
+        results in Python lists; the numpy writes come after it, back to back, where their code is warm.
         Rewards are stored as the env gave them; the learner scales and clips them."""
         split, traj = self.splits[s], self.traj
         t, slots, a = split.t, split.slots, self.num_agents
         env_actions = self._env_actions(traj.actions[slots, t])
         rewards: list = []
+        observations: list = []
         ended: list[tuple[int, int, float | None]] = []  # (env, done code, whole game's score if reported)
         started = time.perf_counter()
         for i, env in enumerate(split.envs):
@@ -199,11 +201,14 @@ class ActorWorker:
                 obs, reward = self._rebuild_env(s, i), 0.0
                 ended.append((i, TERMINATED, None))
             rewards.append(reward)
-            if split.obs_rows:
-                split.obs_rows[i][t + 1] = obs
-            else:
-                traj.write_obs(slots[i * a:(i + 1) * a], t + 1, obs)
+            observations.append(obs)
         self.timing.add("env_step", time.perf_counter() - started)
+        if split.obs_rows:
+            for row, obs in zip(split.obs_rows, observations):
+                row[t + 1] = obs
+        else:
+            for i, obs in enumerate(observations):
+                traj.write_obs(slots[i * a:(i + 1) * a], t + 1, obs)
 
         if a > 1:
             rewards = np.concatenate(rewards).tolist()  # [envs][agents] -> one per env-agent
@@ -376,5 +381,6 @@ class ActorWorker:
 def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes,
                      report_queue) -> None:
     cpu = worker if cfg.set_workers_cpu_affinity else None
-    init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread, extra_niceness=cfg.actor_niceness)
+    init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread, extra_niceness=cfg.actor_niceness,
+                batch_scheduling=cfg.actor_sched_batch)
     ActorWorker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes, report_queue).run()

@@ -203,7 +203,8 @@ class Reports:
             "env": env_name, "num_workers": cfg.num_workers, "num_envs_per_worker": cfg.num_envs_per_worker,
             "worker_num_splits": cfg.worker_num_splits, "num_policies": cfg.num_policies,
             "sampler_only": cfg.sampler_only, "device": self.device, "cpu_count": os.cpu_count(),
-            "actor_niceness": cfg.actor_niceness, "processes": sum(processes.values()) + 1,  # + runner
+            "actor_niceness": cfg.actor_niceness, "actor_sched_batch": cfg.actor_sched_batch,
+            "processes": sum(processes.values()) + 1,  # + runner
             "wall_seconds": wall, "measured_seconds": measured,
             "env_steps": env_steps, "env_frames": env_steps * self.frames_per_step,
             "env_steps_per_s": env_steps / measured,

@@ -1,10 +1,12 @@
 """End-to-end runs of the real trainer (processes, shared memory, queues), each well under a minute."""
 
 import os
+import pathlib
 import re
 import signal
 import time
 
+import psutil
 import pytest
 
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
@@ -35,6 +37,24 @@ def test_two_inference_workers_share_the_actors(trainer):
                          "--report_interval=1", "--decorrelate_envs_on_one_worker=False")
     assert result.returncode == 0, result.stdout + result.stderr
     assert last_mean_reward(result.stdout) > 80
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux-only")
+@pytest.mark.timeout(60)
+def test_actors_run_under_sched_batch_and_the_rest_do_not(trainer):
+    process = trainer.start("--env=CartPole-v1", "--experiment=sched", "--num_workers=3", "--num_envs_per_worker=4",
+                            "--decorrelate_envs_on_one_worker=False")
+    try:
+        log = pathlib.Path(trainer.train_dir, "sched", "log.txt")
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and not (log.exists() and "FPS" in log.read_text()):  # all workers up
+            time.sleep(0.2)
+        policies = [os.sched_getscheduler(child.pid) for child in psutil.Process(process.pid).children()]
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=15)
+    # Three actors; the inference worker and the learner keep the default policy, so actors never delay them.
+    assert sorted(policies) == sorted([os.SCHED_BATCH] * 3 + [os.SCHED_OTHER] * 2)
 
 
 @pytest.mark.timeout(90)

@@ -14,11 +14,21 @@ from typing import Any
 from utils.logs import log
 
 
-def init_worker(cfg, cpu: int | None, single_thread: bool, extra_niceness: int = 0) -> None:
-    """Ctrl-C is handled by the runner alone; workers stop when it tells them to."""
+def init_worker(cfg, cpu: int | None, single_thread: bool, extra_niceness: int = 0,
+                batch_scheduling: bool = False) -> None:
+    """Ctrl-C is handled by the runner alone; workers stop when it tells them to.
+
+    `batch_scheduling` puts the process under Linux SCHED_BATCH: it still gets its fair share of CPU, but
+    its wake-ups do not preempt whatever runs. Actors wake thousands of times a second; without it each
+    wake-up may cut into the inference worker's batch, which every actor then waits for."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.default_niceness + extra_niceness:
         os.nice(cfg.default_niceness + extra_niceness)
+    if batch_scheduling and hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError as exc:
+            log.warning("SCHED_BATCH refused (%s); --actor_sched_batch has no effect", exc)
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         available = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {available[cpu % len(available)]})
