@@ -78,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Each worker waits up to this many seconds before sampling so workers do not move in lockstep.")
     add("--decorrelate_envs_on_one_worker", type=str2bool, default=True,
         help="Take random actions for a random number of steps after the first reset of each env.")
-    add("--set_workers_cpu_affinity", type=str2bool, default=True,
-        help="Pin each actor worker to one CPU core (round robin).")
+    add("--set_workers_cpu_affinity", type=str2bool, default=False,
+        help="Pin each actor worker to one CPU core (round robin). Off by default: with more workers than cores, "
+             "pinned actors cannot move to a free core when theirs is busy (32 sleep-env workers on 2 cores: "
+             "92%% of the raw limit pinned, 97%% not).")
     add("--force_envs_single_thread", type=str2bool, default=True,
         help="Limit BLAS/OpenMP threads in actor workers to one, so envs do not oversubscribe the cores.")
     add("--reset_timeout_seconds", type=float, default=120.0,

@@ -24,7 +24,7 @@ from utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
 # A small batch waits at most this long for more requests (see InferenceWorker._next_requests).
-MAX_BATCH_WAIT_S = 0.001
+MAX_BATCH_WAIT_S = 0.002
 
 
 def resolve_device(name: str) -> torch.device:
@@ -57,12 +57,15 @@ class InferenceWorker:
         self.samples = 0
         self.batches = 0
         self.requests = 0
-        # Each forward pass has a fixed cost (~0.2 ms of torch dispatch on CPU) whatever its size. With
-        # many (worker, split) streams sending requests, batches of one or two requests would spend most
-        # of the CPU on that cost, so small batches wait briefly for more: at most MAX_BATCH_WAIT_S, far
-        # less than a split's step, so double-buffered actors do not notice.
+        # Each forward pass has a fixed cost (0.2 ms of torch dispatch on CPU warm, several times that
+        # with caches cold) whatever its size. With many (worker, split) streams sending requests, batches
+        # of a few requests would spend most of the CPU on that cost, so a batch waits for a quarter of
+        # the streams. Every stream asks once per split step, so that wait is about a quarter of a split's
+        # step (capped at MAX_BATCH_WAIT_S), and the other split of a double-buffered actor still steps.
+        # 64 sleep-env workers: an eighth of the streams cost 7.7 us of inference CPU per env step, a
+        # quarter 5.1 us.
         streams = len(self.workers) * cfg.worker_num_splits
-        self.min_batch_requests = max(1, int(streams // 8))
+        self.min_batch_requests = max(1, int(streams // 4))
         self.request_rate = 0.0  # requests per second, measured over the last report interval
 
     def run(self) -> None:
