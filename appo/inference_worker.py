@@ -121,7 +121,7 @@ class InferenceWorker:
         mine = (self.sampler.agent_policy[workers, splits] == self.policy_id).ravel()
         return slots.ravel()[mine], steps[mine]
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all: ~8% of a small batch
     def _serve(self, requests: tuple[np.ndarray, np.ndarray]) -> None:
         # Gathers and scatters go through numpy views of the shared memory: for the small index sets of
         # one batch numpy's fancy indexing costs a fraction of torch's. Torch runs only the model.
