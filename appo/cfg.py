@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--default_niceness", type=int, default=0, help="Niceness (Unix priority) of the worker processes.")
     add("--actor_sched_batch", type=str2bool, default=True,
         help="Linux: run actor workers under SCHED_BATCH, so an actor waking from env.step does not preempt the "
-             "inference worker or learner that every actor waits on (64 sleep-env workers on 2 cores: 78%% -> 82%% "
+             "inference worker or learner that every actor waits on (64 sleep-env workers on 2 cores: 82%% -> 85%% "
              "of the raw limit). Off: the default policy.")
     add("--actor_niceness", type=int, default=0,
         help="Extra niceness of actor workers. With many more workers than cores, 10 lets inference and "
