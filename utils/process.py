@@ -28,7 +28,7 @@ def init_worker(cfg, cpu: int | None, single_thread: bool, extra_niceness: int =
         try:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         except OSError as exc:
-            log.warning("SCHED_BATCH refused (%s); --actor_sched_batch has no effect", exc)
+            log.warning("SCHED_BATCH refused (%s); the process keeps the default scheduling policy", exc)
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         available = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {available[cpu % len(available)]})
