@@ -20,7 +20,7 @@ import numpy as np
 from faster_fifo import Empty
 
 from appo.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
-from appo.cfg import env_kwargs, lockstep, trajectories_per_iteration
+from appo.cfg import env_kwargs, inference_group_of, lockstep, trajectories_per_iteration
 from appo.spaces import SINGLE_KEY, to_env_action
 from envs import make_env
 from utils.logs import log
@@ -52,6 +52,7 @@ class Split:
 class ActorWorker:
     def __init__(self, cfg, layout: Layout, worker: int, traj: TrajBuffers, sampler: SamplerState,
                  inbox, inference_queues: list[list], learner_inboxes: list, report_queue):
+        """`inference_queues[group][index]`: wake-up queues of the inference workers (cfg.inference_groups)."""
         self.cfg, self.layout, self.worker = cfg, layout, worker
         self.num_agents = layout.num_agents
         self.env_kwargs = env_kwargs(cfg)
@@ -59,7 +60,8 @@ class ActorWorker:
         self.inbox = inbox
         # This worker is served by inference worker `worker % policy_workers_per_policy` of each policy.
         self.inference_index = worker % cfg.policy_workers_per_policy
-        self.inference_queues = [queues[self.inference_index] for queues in inference_queues]
+        self.inference_queues = [queues[self.inference_index] for queues in inference_queues]  # per group
+        self.inference_group = inference_group_of(cfg)  # per policy
         self.requested = sampler.request_count[:, worker]  # [policy, split] views
         self.answered = sampler.answer_count[:, worker]
         self.learner_inboxes, self.report_queue = learner_inboxes, report_queue
@@ -78,6 +80,8 @@ class ActorWorker:
         self.action_space: gym.Space | None = None
         self.plain_discrete = False
         self.single_obs: np.ndarray | None = None  # traj.obs' only array, when that is all the env observes
+        # Reward-shaping coefficients PBT sets per policy (sampler.reward_shaping); none without PBT.
+        self.shaping_keys = sampler.shaping_keys if cfg.with_pbt else ()
 
     # ---------------------------------------------------------------- set-up
     def _env_seed(self, split: int, index: int) -> int | None:
@@ -113,14 +117,28 @@ class ActorWorker:
         self.single_obs = traj.obs[SINGLE_KEY] if a == 1 and isinstance(first.observation_space, gym.spaces.Box) \
             else None
         for s, split in enumerate(self.splits):
-            self.sampler.agent_policy[self.worker, s] = self._draw_policies(agents)
+            self.sampler.agent_policy[self.worker, s] = self._initial_policies(s, agents)
             self._use_slots(s, self._take_slots(agents))
             for i, env in enumerate(split.envs):
                 traj.write_obs(split.slots[i * a:(i + 1) * a], 0, self._first_obs(s, i, env))
             traj.rnn_states[split.slots, 0] = 0.0
+            for i in range(len(split.envs) if self.shaping_keys else 0):
+                self._apply_shaping(s, i)
+
+    def _initial_policies(self, s: int, n: int) -> np.ndarray:
+        """With --agent_policy_mapping=split, split s of worker w belongs to policy (w * splits + s) % policies for
+        good: a step of it needs one forward pass. Otherwise a draw, renewed at every episode start."""
+        if self.cfg.agent_policy_mapping == "split":
+            split_index = self.worker * self.layout.num_splits + s
+            return np.full(n, split_index % self.cfg.num_policies, dtype=np.int16)
+        return self._draw_policies(n)
 
     def _draw_policies(self, n: int) -> np.ndarray:
-        return self.rng.integers(0, self.cfg.num_policies, size=n, dtype=np.int16)
+        """A policy per env-agent; with --pbt_mix_policies_in_one_env=False all agents of an env share one."""
+        if self.cfg.pbt_mix_policies_in_one_env or self.num_agents == 1:
+            return self.rng.integers(0, self.cfg.num_policies, size=n, dtype=np.int16)
+        per_env = self.rng.integers(0, self.cfg.num_policies, size=n // self.num_agents, dtype=np.int16)
+        return np.repeat(per_env, self.num_agents)
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
@@ -189,17 +207,17 @@ class ActorWorker:
         env_actions = self._env_actions(traj.actions[slots, t])
         rewards: list = []
         observations: list = []
-        ended: list[tuple[int, int, float | None]] = []  # (env, done code, whole game's score if reported)
+        ended: list[tuple[int, int, dict]] = []  # (env, done code, the info of its last step)
         started = time.perf_counter()
         for i, env in enumerate(split.envs):
             try:
                 obs, reward, terminated, truncated, info = env.step(env_actions[i])
                 if terminated or truncated:
-                    ended.append((i, TERMINATED if terminated else TRUNCATED, info.get("true_episode_reward")))
+                    ended.append((i, TERMINATED if terminated else TRUNCATED, info))
                     obs, _ = env.reset()
             except Exception:
                 obs, reward = self._rebuild_env(s, i), 0.0
-                ended.append((i, TERMINATED, None))
+                ended.append((i, TERMINATED, {}))
             rewards.append(reward)
             observations.append(obs)
         self.timing.add("env_step", time.perf_counter() - started)
@@ -226,7 +244,7 @@ class ActorWorker:
             split.t = 0
         self._request_actions(s)
 
-    def _end_episodes(self, s: int, ended: list[tuple[int, int, float | None]]) -> None:
+    def _end_episodes(self, s: int, ended: list[tuple[int, int, dict]]) -> None:
         """Mark the ends in the trajectory, report finished episodes, start new ones (policy, RNN state).
 
         Envs that end an episode per life (Atari) report the whole game's score as
@@ -235,13 +253,15 @@ class ActorWorker:
         t = split.t
         codes = np.zeros(len(split.slots), dtype=np.uint8)
         policies = self.sampler.agent_policy[self.worker, s]
-        for i, code, true_score in ended:
+        for i, code, info in ended:
             codes[i * a:(i + 1) * a] = code
+            true_score = info.get("true_episode_reward")
             if true_score is None and getattr(split.envs[i], "reports_true_episode_reward", False):
                 continue  # a life lost, not a game over: keep counting the game's reward and length
             for j in range(i * a, (i + 1) * a):
                 reward = float(split.episode_reward[j] if true_score is None else true_score)
-                self.finished_episodes.append((int(policies[j]), reward, split.steps - split.episode_start[j]))
+                self.finished_episodes.append((int(policies[j]), reward, split.steps - split.episode_start[j],
+                                               self._objective(info, reward)))
                 split.episode_reward[j] = 0.0
                 split.episode_start[j] = split.steps
         traj.dones[split.slots, t] = codes
@@ -249,12 +269,31 @@ class ActorWorker:
         if self.cfg.use_rnn:
             traj.rnn_states[split.slots[dones], t + 1] = 0.0
         if self.cfg.num_policies > 1:
-            self._redraw_policies(s, dones, t + 1)
+            if self.cfg.agent_policy_mapping == "episode":
+                self._redraw_policies(s, dones, t + 1)
+            if self.shaping_keys:
+                for i, _, _ in ended:
+                    self._apply_shaping(s, i)
+
+    def _objective(self, info: dict, episode_reward: float) -> float | None:
+        """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`
+        at the episode's end, else the episode's return; or any numeric value the last step's info names."""
+        name = self.cfg.pbt_target_objective
+        if name == "true_objective":
+            return float(info.get("true_objective", episode_reward))
+        value = info.get(name)
+        return float(value) if isinstance(value, (int, float, np.number)) else None
+
+    def _apply_shaping(self, s: int, i: int) -> None:
+        """Give env i of split s the reward-shaping scheme of the policy its first agent plays for."""
+        policy = self.sampler.agent_policy[self.worker, s, i * self.num_agents]
+        scheme = dict(zip(self.shaping_keys, self.sampler.reward_shaping[policy].tolist()))
+        self.splits[s].envs[i].get_wrapper_attr("set_reward_shaping")(scheme)
 
     def _redraw_policies(self, s: int, dones: np.ndarray, from_t: int) -> None:
         """New episodes draw their policy; the rest of their trajectory rows is theirs."""
         policies = self.sampler.agent_policy[self.worker, s]
-        policies[dones] = self._draw_policies(int(dones.sum()))
+        policies[dones] = self._draw_policies(int(dones.sum()))  # all agents of an env end together
         self.traj.policy_ids[self.splits[s].slots[dones], from_t:] = policies[dones, None]
 
     def _rebuild_env(self, s: int, i: int) -> np.ndarray:
@@ -282,8 +321,9 @@ class ActorWorker:
         for policy in split.acting:
             sampler.request_step[policy, w, s] = split.t
             sampler.request_count[policy, w, s] += 1  # publishes the request: written last
-            if sampler.inference_idle[policy, self.inference_index]:
-                self.inference_queues[policy].put(("wake",))
+            group = self.inference_group[policy]
+            if sampler.inference_idle[group, self.inference_index]:
+                self.inference_queues[group].put(("wake",))
 
     # ---------------------------------------------------------------- trajectory slots
     def _finish_rollout(self, s: int) -> None:

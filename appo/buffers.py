@@ -158,7 +158,8 @@ class SamplerState:
     becoming visible in program order, which x86-64 guarantees (TSO).
     """
 
-    def __init__(self, layout: Layout, num_policies: int, inference_workers_per_policy: int = 1):
+    def __init__(self, layout: Layout, num_policies: int, inference_workers: tuple[int, int] = (1, 1),
+                 shaping_keys: tuple[str, ...] = ()):
         shape = (layout.num_workers, layout.num_splits, layout.agents_per_split)
         self.cur_slot = shared_array(shape, np.int64)
         self.agent_policy = shared_array(shape, np.int16)
@@ -172,7 +173,7 @@ class SamplerState:
         self.answer_count = shared_array(requests, np.int64)
         # Raised by a worker about to block on its queue: whoever then gives it work also sends a wake-up.
         self.actor_waiting = shared_array((layout.num_workers,), np.uint8)
-        self.inference_idle = shared_array((num_policies, inference_workers_per_policy), np.uint8)
+        self.inference_idle = shared_array(inference_workers, np.uint8)  # [group, index] (cfg.inference_groups)
         # Published weight version per policy; -1 until the learner has published its first weights.
         self.policy_version = shared_array((num_policies,), np.int64)
         self.policy_version[:] = -1
@@ -182,6 +183,9 @@ class SamplerState:
         self.stop = shared_array((1,), np.uint8)
         # 1 while the learner of a policy has too much unprocessed experience.
         self.pause_collection = shared_array((num_policies,), np.uint8)
+        # Reward-shaping coefficients per policy (PBT sets them; actors hand them to the envs at episode starts).
+        self.shaping_keys = tuple(shaping_keys)
+        self.reward_shaping = shared_array((num_policies, max(1, len(shaping_keys))), np.float64)
 
 
 # Named segments exist only for published weights, whose size only the learner (torch) knows. They

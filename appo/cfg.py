@@ -35,6 +35,13 @@ class _OneLineParser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see --help)")
 
 
+def _mutable_help() -> str:
+    from appo.pbt import MUTABLE
+
+    bounds = [f"{name} [{b.low:g}, {b.high:g}]" for name, b in MUTABLE.items()]
+    return ", ".join(bounds) + " (gamma only with --pbt_optimize_gamma; max_grad_norm only when it is not 0)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(
         prog="python -m appo.train",
@@ -71,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--policy_workers_per_policy", type=int, default=1,
         help="Inference worker processes per policy; actor w is served by worker w %% N, which batches all "
              "pending requests of its actors into one forward pass.")
+    add("--agent_policy_mapping", type=str, default="auto", choices=["auto", "episode", "split"],
+        help="Which policy acts for an env-agent: episode draws one per agent at every episode start; split gives "
+             "all envs of a split one policy for the whole run (splits dealt round-robin), so a split step needs one "
+             "forward pass instead of one per policy. auto: split for single-agent envs when every policy gets a "
+             "split, else episode.")
+    add("--shared_inference_workers", type=str2bool, default=True,
+        help="With several policies, each of the --policy_workers_per_policy inference workers serves every policy "
+             "(one process, one forward pass per policy); False: that many workers for each policy.")
     add("--rollout", type=int, default=32, help="Steps per trajectory sent from actors to the learner.")
     add("--min_traj_buffers_per_worker", type=int, default=2,
         help="Trajectory slots per env per worker; more slots let actors run ahead of the learner.")
@@ -157,6 +172,43 @@ def build_parser() -> argparse.ArgumentParser:
     add("--exploration_loss_coeff", type=float, default=0.003, help="Weight of the exploration loss.")
     add("--value_loss_coeff", type=float, default=0.5, help="Weight of the value loss.")
 
+    g = p.add_argument_group("population-based training (PBT)")
+    add = g.add_argument
+    add("--with_pbt", type=str2bool, default=False,
+        help="Evolve the --num_policies policies while they train: every period, a policy ranked in the bottom "
+             "fraction by its objective takes over the weights, optimizer state and hyper-parameters of a top one, "
+             "and policies outside the top perturb their hyper-parameters and the env's reward shaping. Mutated, "
+             f"within bounds: {_mutable_help()}.")
+    add("--pbt_period_env_steps", type=int, default=25_000,
+        help="Env steps of its own between two PBT decisions about a policy. The defaults of the --pbt_* flags "
+             "suit runs of minutes on a workstation (scripts/pbt_experiment.py); runs of billions of steps want "
+             "longer periods and smaller perturbations (Sample Factory: 5M steps, 0.15, [1.1, 1.5]).")
+    add("--pbt_start_mutation", type=int, default=25_000,
+        help="No PBT decision about a policy before it has taken this many env steps.")
+    add("--pbt_replace_fraction", type=float, default=0.3,
+        help="Fraction of the population (rounded up, at most half) forming the top that is copied and the bottom "
+             "that is replaced.")
+    add("--pbt_mutation_rate", type=float, default=0.5,
+        help="Probability that each hyper-parameter and shaping coefficient is perturbed when a policy explores.")
+    add("--pbt_replace_reward_gap", type=float, default=0.1,
+        help="A bottom policy is replaced only if the top one's objective exceeds its own by this fraction of the "
+             "larger magnitude of the two (works for negative returns too) ...")
+    add("--pbt_replace_reward_gap_absolute", type=float, default=1e-6,
+        help="... and by more than this absolute amount.")
+    add("--pbt_optimize_gamma", type=str2bool, default=False, help="Let PBT mutate the discount factor too.")
+    add("--pbt_perturb_min", type=float, default=1.5,
+        help="A perturbed value is multiplied or divided (even odds) by a factor drawn from "
+             "[--pbt_perturb_min, --pbt_perturb_max]; gamma and GAE lambda move on 1 - x.")
+    add("--pbt_perturb_max", type=float, default=4.0,
+        help="See --pbt_perturb_min. Wide by default: a value 100x off, where the objective barely responds, "
+             "must still be left within a few dozen periods.")
+    add("--pbt_target_objective", type=str, default="true_objective",
+        help="What PBT ranks by, averaged over --stats_avg episodes: true_objective is the env's "
+             "info['true_objective'] at an episode's end, or the episode return without it; any other name is a "
+             "numeric value in the info of an episode's last step. Never the shaped reward.")
+    add("--pbt_mix_policies_in_one_env", type=str2bool, default=True,
+        help="Multi-agent envs: draw a policy per agent; False: one policy for all agents of an env.")
+
     g = p.add_argument_group("benchmarking")
     add = g.add_argument
     add("--benchmark", type=str2bool, default=False,
@@ -176,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Stop after this many seconds of this session.")
     add("--target_reward", type=float, default=None,
         help="Stop (and mark done) once a policy's mean reward over the last --stats_avg episodes reaches this.")
+    add("--target_objective", type=float, default=None,
+        help="Stop (and mark done) once a policy's mean objective (see --pbt_target_objective) over the last "
+             "--stats_avg episodes reaches this, e.g. a goal rate that the shaped reward does not show.")
     add("--save_every_sec", type=float, default=120.0, help="Seconds between periodic checkpoints.")
     add("--keep_checkpoints", type=int, default=3, help="Checkpoints kept per policy; older ones are deleted.")
     add("--experiment_summaries_interval", type=float, default=10.0,
@@ -232,6 +287,8 @@ def validate(cfg: argparse.Namespace) -> None:
         raise ConfigError("--ppo_clip_ratio and --ppo_clip_value must be positive")
     if cfg.max_policy_lag < 0:
         raise ConfigError(f"--max_policy_lag={cfg.max_policy_lag}: must be 0 or more")
+    if cfg.with_pbt:
+        validate_pbt(cfg)
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
     env_kwargs(cfg)
@@ -242,8 +299,32 @@ def validate(cfg: argparse.Namespace) -> None:
             raise ConfigError(f"--{name}={value!r}: must be a plain folder name")
 
 
-def resolve(cfg: argparse.Namespace) -> argparse.Namespace:
-    """Fill in values that depend on other flags (documented as -1 / auto in --help)."""
+def validate_pbt(cfg: argparse.Namespace) -> None:
+    if cfg.num_policies < 2:
+        raise ConfigError(f"--with_pbt=True needs a population: --num_policies={cfg.num_policies} must be 2 or more")
+    if cfg.pbt_period_env_steps <= 0 or cfg.pbt_start_mutation < 0:
+        raise ConfigError("--pbt_period_env_steps must be positive and --pbt_start_mutation 0 or more")
+    if not 0 < cfg.pbt_replace_fraction <= 0.5:
+        raise ConfigError(f"--pbt_replace_fraction={cfg.pbt_replace_fraction}: must be within (0, 0.5]")
+    if not 0 <= cfg.pbt_mutation_rate <= 1:
+        raise ConfigError(f"--pbt_mutation_rate={cfg.pbt_mutation_rate}: must be within [0, 1]")
+    if not 1 <= cfg.pbt_perturb_min <= cfg.pbt_perturb_max:
+        raise ConfigError(f"--pbt_perturb_min={cfg.pbt_perturb_min}, --pbt_perturb_max={cfg.pbt_perturb_max}: "
+                          "need 1 <= min <= max")
+    if cfg.pbt_replace_reward_gap < 0 or cfg.pbt_replace_reward_gap_absolute < 0:
+        raise ConfigError("--pbt_replace_reward_gap and --pbt_replace_reward_gap_absolute must be 0 or more")
+    if not cfg.pbt_target_objective:
+        raise ConfigError("--pbt_target_objective: must name an episode metric, e.g. true_objective")
+
+
+def resolve(cfg: argparse.Namespace, num_agents: int = 1) -> argparse.Namespace:
+    """Fill in values that depend on other flags or the env (documented as -1 / auto in --help)."""
+    splits = cfg.num_workers * cfg.worker_num_splits
+    if cfg.agent_policy_mapping == "auto":
+        cfg.agent_policy_mapping = "split" if num_agents == 1 and splits >= cfg.num_policies else "episode"
+    if cfg.agent_policy_mapping == "split" and splits < cfg.num_policies:
+        raise ConfigError(f"--agent_policy_mapping=split needs a split per policy: --num_workers * --worker_num_splits"
+                          f" = {splits} < --num_policies = {cfg.num_policies}")
     if cfg.recurrence == -1:
         cfg.recurrence = cfg.rollout if cfg.use_rnn else 1
     return cfg
@@ -286,6 +367,24 @@ def env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:
     if not isinstance(kwargs, dict):
         raise ConfigError(f"--env_kwargs={cfg.env_kwargs}: must be a JSON object such as '{{\"key\": 1}}'")
     return kwargs
+
+
+def inference_groups(cfg: argparse.Namespace) -> list[list[int]]:
+    """The policies each inference worker serves; there are --policy_workers_per_policy workers per group."""
+    if cfg.shared_inference_workers:
+        return [list(range(cfg.num_policies))]
+    return [[p] for p in range(cfg.num_policies)]
+
+
+def inference_group_of(cfg: argparse.Namespace) -> list[int]:
+    """For each policy, the group of inference workers that serves it."""
+    return [g for g, policies in enumerate(inference_groups(cfg)) for _ in policies]
+
+
+def inference_name(cfg: argparse.Namespace, group: int, index: int) -> str:
+    if cfg.shared_inference_workers or cfg.num_policies == 1:
+        return f"inference_{index}"
+    return f"inference_p{group}_{index}"
 
 
 def trajectories_per_iteration(cfg: argparse.Namespace) -> int:

@@ -1,10 +1,13 @@
-"""Inference (policy) worker: one batched forward pass over every pending request of its policy.
+"""Inference (policy) worker: one batched forward pass per policy over every pending request.
 
 A request (a bumped `request_count[policy, worker, split]`, with the step in `request_step`) says: the
 env-agents of that split acting for this policy have their observation at step t of their current slots.
 The worker finds every pending request of the actors it serves (`worker % --policy_workers_per_policy`),
-gathers their observations, runs the model once, writes actions, log-probs, values, versions and next
-RNN states into the same slots, and bumps the answer counters; actors asleep get a wake-up message.
+gathers their observations, runs each policy's model once, writes actions, log-probs, values, versions and
+next RNN states into the same slots, and bumps the answer counters; actors asleep get a wake-up message.
+A worker serves one policy, or with --shared_inference_workers every policy (`cfg.inference_groups`): with
+several policies each split step asks every policy acting in it, and one process answering all of them
+saves a process wake-up per policy.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from faster_fifo import Empty
 
 from appo.buffers import WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
+from appo.cfg import inference_groups, inference_name
 from appo.model import ActorCritic
 from appo.weights import WeightsSubscriber
 from utils.process import init_worker
@@ -34,23 +38,30 @@ def resolve_device(name: str) -> torch.device:
 
 
 class InferenceWorker:
-    def __init__(self, cfg, layout: Layout, spaces, policy_id: int, index: int, traj: TrajBuffers,
-                 sampler: SamplerState, wake_queue, actor_inboxes: list, report_queue, weights_name: str):
-        self.cfg, self.layout, self.policy_id, self.index = cfg, layout, policy_id, index
+    """Serves the requests of `policies` (one, or all with --shared_inference_workers) from the actors w with
+    w % --policy_workers_per_policy == index: one forward pass per policy over every pending request."""
+
+    def __init__(self, cfg, layout: Layout, spaces, group: int, index: int, traj: TrajBuffers,
+                 sampler: SamplerState, wake_queue, actor_inboxes: list, report_queue, weights_names: list[str]):
+        self.cfg, self.layout, self.group, self.index = cfg, layout, group, index
+        self.policies = inference_groups(cfg)[group]  # consecutive policy ids
+        self.name = inference_name(cfg, group, index)
         self.sampler, self.wake_queue = sampler, wake_queue
-        # The actors this worker serves, and views of their request and answer counters [worker, split].
-        self.workers = np.arange(index, cfg.num_workers, cfg.policy_workers_per_policy)
-        self.request_count = sampler.request_count[policy_id, index::cfg.policy_workers_per_policy]
-        self.answer_count = sampler.answer_count[policy_id, index::cfg.policy_workers_per_policy]
-        self.request_step = sampler.request_step[policy_id, index::cfg.policy_workers_per_policy]
+        # The actors this worker serves, and views of their request and answer counters [policy, worker, split].
+        k, served = cfg.policy_workers_per_policy, slice(self.policies[0], self.policies[-1] + 1)
+        self.workers = np.arange(index, cfg.num_workers, k)
+        self.request_count = sampler.request_count[served, index::k]
+        self.answer_count = sampler.answer_count[served, index::k]
+        self.request_step = sampler.request_step[served, index::k]
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
         self.device = resolve_device(cfg.device)
         self.traj = traj
-        self.model = ActorCritic(*spaces, cfg).to(self.device).eval()
-        self.weights = WeightsSubscriber(self.model, weights_name, sampler, policy_id)
+        self.models = [ActorCritic(*spaces, cfg).to(self.device).eval() for _ in self.policies]
+        self.weights = [WeightsSubscriber(model, weights_names[p], sampler, p)
+                        for model, p in zip(self.models, self.policies)]
         self.generator = torch.Generator(self.device)
         if cfg.seed is not None:
-            self.generator.manual_seed(cfg.seed + 7919 * (policy_id * cfg.policy_workers_per_policy + index))
+            self.generator.manual_seed(cfg.seed + 7919 * (group * k + index))
         else:
             self.generator.seed()
         self.timing = Timing()
@@ -66,20 +77,23 @@ class InferenceWorker:
         # quarter 5.1 us.
         streams = len(self.workers) * cfg.worker_num_splits
         self.min_batch_requests = max(1, streams // 4)
-        self.request_rate = 0.0  # requests per second, measured over the last report interval
+        self.request_rate = 0.0  # streams asking per second, measured over the last report interval
 
     def run(self) -> None:
-        self.weights.update()
-        self.report_queue.put(("ready", f"inference_p{self.policy_id}_{self.index}"))
+        for weights in self.weights:
+            weights.update()
+        self.report_queue.put(("ready", self.name))
         last_report = time.monotonic()
         while not self.sampler.stop[0]:
             with self.timing.time("wait"):
                 requests = self._next_requests()
-            if len(requests[0]):
+            for local, policy_requests in self._by_policy(requests):
                 with self.timing.time("weights"):
-                    self.weights.update()
+                    self.weights[local].update()
                 with self.timing.time("forward"):
-                    self._serve(requests)
+                    self._serve(local, policy_requests)
+            if len(requests[0]):
+                self._answer(requests)
             now = time.monotonic()
             if now - last_report > REPORT_INTERVAL_S:
                 self.request_rate = self.requests / (now - last_report)
@@ -87,16 +101,22 @@ class InferenceWorker:
                 last_report = now
         self._report()
 
-    def _pending(self) -> tuple[np.ndarray, np.ndarray]:
-        """(row in this worker's share, split) of every request not answered yet."""
+    def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(policy among this worker's, row in this worker's share of actors, split) of every unanswered request."""
         return np.nonzero(self.request_count != self.answer_count)
 
-    def _next_requests(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every pending request; when fewer than min_batch_requests, after a wait for the missing ones.
-        With none pending, sleep on the wake-up queue (actors send a wake-up while `inference_idle`)."""
+    def _streams(self, requests: tuple[np.ndarray, ...]) -> int:
+        """(worker, split) streams with a request pending; a split step asks every policy acting in it at once."""
+        if len(self.policies) == 1:
+            return len(requests[0])
+        return len(set(zip(requests[1].tolist(), requests[2].tolist())))
+
+    def _next_requests(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every pending request; when fewer streams than min_batch_requests ask, after a wait for the missing
+        ones. With none pending, sleep on the wake-up queue (actors send a wake-up while `inference_idle`)."""
         requests = self._pending()
         if not len(requests[0]):
-            idle = self.sampler.inference_idle[self.policy_id]
+            idle = self.sampler.inference_idle[self.group]
             idle[self.index] = 1
             requests = self._pending()  # a request may have come before the flag was seen
             if not len(requests[0]):
@@ -104,63 +124,74 @@ class InferenceWorker:
                     self.wake_queue.get_many(timeout=WAKE_TIMEOUT_S)
                 requests = self._pending()
             idle[self.index] = 0
-        missing = self.min_batch_requests - len(requests[0])
+        missing = self.min_batch_requests - self._streams(requests)
         if len(requests[0]) and missing > 0 and self.request_rate > 0:
             time.sleep(min(MAX_BATCH_WAIT_S, missing / self.request_rate))
             requests = self._pending()
         return requests
 
-    def _locate(self, requests: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Slot and step index of every env-agent of this policy named by the requests."""
+    def _by_policy(self, requests: tuple[np.ndarray, ...]) -> list[tuple[int, tuple[np.ndarray, np.ndarray]]]:
+        """The (rows, splits) of the requests to each served policy that has any."""
+        local, rows, splits = requests
+        if len(self.policies) == 1:
+            return [(0, (rows, splits))] if len(rows) else []
+        return [(k, (rows[local == k], splits[local == k])) for k in np.unique(local).tolist()]
+
+    def _locate(self, local: int, requests: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Slot and step index of every env-agent of policy `local` named by its requests."""
         rows, splits = requests
-        workers, steps = self.workers[rows], self.request_step[rows, splits]
+        workers, steps = self.workers[rows], self.request_step[local, rows, splits]
         slots = self.sampler.cur_slot[workers, splits]  # [requests, agents per split]
         steps = np.repeat(steps, slots.shape[1])
         if self.cfg.num_policies == 1:
             return slots.ravel(), steps
-        mine = (self.sampler.agent_policy[workers, splits] == self.policy_id).ravel()
+        mine = (self.sampler.agent_policy[workers, splits] == self.policies[local]).ravel()
         return slots.ravel()[mine], steps[mine]
 
     @torch.inference_mode()  # no autograd bookkeeping at all: about 5% of a small batch
-    def _serve(self, requests: tuple[np.ndarray, np.ndarray]) -> None:
+    def _serve(self, local: int, requests: tuple[np.ndarray, np.ndarray]) -> None:
+        """One forward pass of policy `local` for its requests; results go into the slots."""
         # Gathers and scatters go through numpy views of the shared memory: for the small index sets of
         # one batch numpy's fancy indexing costs a fraction of torch's. Torch runs only the model.
-        slots, steps = self._locate(requests)
-        traj, device = self.traj, self.device
+        slots, steps = self._locate(local, requests)
+        traj, device, model = self.traj, self.device, self.models[local]
         obs = {key: torch.from_numpy(array[slots, steps]).to(device) for key, array in traj.obs.items()}
         rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
-        params, values, next_rnn_states = self.model.forward_step(obs, rnn_states)
-        dist = self.model.distribution(params)
+        params, values, next_rnn_states = model.forward_step(obs, rnn_states)
+        dist = model.distribution(params)
         actions = dist.sample(self.generator)
         log_probs = dist.log_prob(actions)
 
         traj.actions[slots, steps] = actions.cpu().numpy()
         traj.log_probs[slots, steps] = log_probs.cpu().numpy()
         traj.values[slots, steps] = values.cpu().numpy()
-        traj.policy_versions[slots, steps] = self.weights.version
+        traj.policy_versions[slots, steps] = self.weights[local].version
         if self.cfg.use_rnn:
             traj.rnn_states[slots, steps + 1] = next_rnn_states.cpu().numpy()
+        self.samples += len(slots)
+        self.batches += 1
 
-        rows, splits = requests
-        self.answer_count[rows, splits] += 1  # publishes the results: written last
+    def _answer(self, requests: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """Publish every served request (after all its results are written) and wake the actors that sleep."""
+        local, rows, splits = requests
+        self.answer_count[local, rows, splits] += 1
         workers = self.workers[rows]
         for worker in set(workers[self.sampler.actor_waiting[workers] == 1].tolist()):
             self.actor_inboxes[worker].put(("wake",))
-        self.samples += len(slots)
-        self.batches += 1
-        self.requests += len(rows)
+        self.requests += self._streams(requests)
 
     def _report(self) -> None:
-        self.report_queue.put(("inference", self.policy_id, {
+        versions = ", ".join(str(weights.version) for weights in self.weights)
+        self.report_queue.put(("inference", self.name, {
             "samples": self.samples, "batches": self.batches, "timing": self.timing.take(),
-            "state": f"weights version {self.weights.version}",
+            "state": f"weights version {versions}",
         }))
         self.samples = self.batches = self.requests = 0
 
 
-def run_inference_worker(cfg, layout, spaces, policy_id, index, traj, sampler, wake_queue, actor_inboxes,
-                         report_queue, weights_name) -> None:
+def run_inference_worker(cfg, layout, spaces, group, index, traj, sampler, wake_queue, actor_inboxes, report_queue,
+                         weights_names) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(1)
-    InferenceWorker(cfg, layout, spaces, policy_id, index, traj, sampler, wake_queue, actor_inboxes,
-                    report_queue, weights_name).run()
+    InferenceWorker(cfg, layout, spaces, group, index, traj, sampler, wake_queue, actor_inboxes, report_queue,
+                    weights_names).run()

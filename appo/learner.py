@@ -8,6 +8,7 @@ slots back to their actors at once), computes GAE or V-trace, runs `--ppo_epochs
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 
@@ -22,6 +23,8 @@ from appo.cfg import trajectories_per_iteration
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from appo.inference_worker import resolve_device
 from appo.model import ActorCritic
+from appo.pbt import pbt_dir
+from appo.policy import Policy
 from appo.weights import WeightsPublisher
 from utils.logs import log
 from utils.process import init_worker
@@ -126,24 +129,24 @@ def bootstrap_values(model: ActorCritic, batch: dict[str, Tensor]) -> Tensor:
 
 
 class Learner:
+    """The process side of one policy: collects trajectories, calls the PPO update, publishes weights, and
+    carries out what population-based training asks of it (see `_on_message`)."""
+
     def __init__(self, cfg, layout: Layout, spaces, policy_id: int, traj: TrajBuffers, sampler: SamplerState,
-                 inbox, actor_inboxes: list, report_queue, weights_name: str, exp_dir: str):
+                 inboxes: list, actor_inboxes: list, report_queue, weights_name: str, exp_dir: str,
+                 hyperparams: dict[str, float] | None = None):
         self.cfg, self.layout, self.policy_id = cfg, layout, policy_id
-        self.sampler, self.inbox = sampler, inbox
+        self.sampler, self.inbox, self.learner_inboxes = sampler, inboxes[policy_id], inboxes
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
+        self.exp_dir = exp_dir
         self.device = resolve_device(cfg.device)
         self.traj = traj.torch_views()
         self.checkpoint_dir = checkpoint_dir(exp_dir, policy_id)
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + policy_id)
-        self.model = ActorCritic(*spaces, cfg).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2))
-        self.version = 0
-        self.env_steps = 0
-        self.train_steps = 0
+        self.policy = Policy(policy_id, cfg, spaces, self.device, hyperparams)
         self._load()
-        self.weights = WeightsPublisher(self.model, weights_name, sampler, policy_id)
+        self.weights = WeightsPublisher(self.policy.model, weights_name, sampler, policy_id)
         self.trajs_per_iteration = trajectories_per_iteration(cfg)
         self.pending: list[int] = []
         self.timing = Timing()
@@ -156,21 +159,18 @@ class Learner:
         path = latest_checkpoint(self.checkpoint_dir)
         if path is None:
             return
-        state = load_checkpoint(path, self.device)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version, self.env_steps, self.train_steps = state["version"], state["env_steps"], state["train_steps"]
-        log.info("policy %d: resumed from %s (version %d, %d env steps)", self.policy_id, path, self.version,
-                 self.env_steps)
+        self.policy.load_state_dict(load_checkpoint(path, self.device))
+        log.info("policy %d: resumed from %s (version %d, %d env steps)", self.policy_id, path, self.policy.version,
+                 self.policy.env_steps)
 
     def save(self) -> None:
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "version": self.version, "env_steps": self.env_steps, "train_steps": self.train_steps}
-        save_checkpoint(self.checkpoint_dir, state, self.version, self.env_steps, self.cfg.keep_checkpoints)
+        policy = self.policy
+        save_checkpoint(self.checkpoint_dir, policy.state_dict(), policy.version, policy.env_steps,
+                        self.cfg.keep_checkpoints)
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
-        self.weights.publish(self.version)
+        self.weights.publish(self.policy.version)
         self._report()
         last_save = last_report = time.monotonic()
         # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
@@ -179,17 +179,14 @@ class Learner:
         while not self.sampler.stop[0]:
             with self.timing.time("wait"):
                 try:
-                    for _, slots in self.inbox.get_many(timeout=0.05):
-                        if self.cfg.sampler_only:  # measuring the sampler: count and recycle at once
-                            self._count_env_steps(torch.tensor(slots, dtype=torch.long))
-                            self._release(slots)
-                        else:
-                            self.pending.extend(slots)
+                    for message in self.inbox.get_many(timeout=0.05):
+                        self._on_message(message)
                 except Empty:
                     pass
             self.sampler.pause_collection[self.policy_id] = len(self.pending) > backlog_limit
             # Past the env-step budget it only waits to be stopped, so a run ends at a repeatable version.
-            if len(self.pending) >= self.trajs_per_iteration and self.env_steps < self.cfg.train_for_env_steps:
+            if (len(self.pending) >= self.trajs_per_iteration
+                    and self.policy.env_steps < self.cfg.train_for_env_steps):
                 slots = self.pending[:self.trajs_per_iteration]
                 del self.pending[:self.trajs_per_iteration]
                 self.train_iteration(slots)
@@ -203,20 +200,63 @@ class Learner:
         self.save()
         self._report()
 
+    def _on_message(self, message: tuple) -> None:
+        """The inbox carries, from actors: ("traj", slots); from the runner (PBT): ("hyperparams", values),
+        ("export", receiver): hand this policy's current state to learner `receiver`; and from another
+        learner: ("adopt", path, donor, donor_version): take over the state that donor wrote to path."""
+        kind = message[0]
+        if kind == "traj":
+            if self.cfg.sampler_only:  # measuring the sampler: count and recycle at once
+                self._count_env_steps(torch.tensor(message[1], dtype=torch.long))
+                self._release(message[1])
+            else:
+                self.pending.extend(message[1])
+        elif kind == "hyperparams":
+            self.policy.set_hyperparams(message[1])
+        elif kind == "export":
+            self._export(message[1])
+        elif kind == "adopt":
+            self._adopt(*message[1:])
+        else:
+            raise ValueError(f"learner {self.policy_id}: unknown message {kind!r}")
+
+    # ---------------------------------------------------------------- population-based training
+    def _export(self, receiver: int) -> None:
+        """Write this policy's current weights and optimizer state for another learner (not a checkpoint:
+        those may be minutes old), then tell it where they are."""
+        path = os.path.join(pbt_dir(self.exp_dir), f"transfer_p{self.policy_id}_to_p{receiver}.pth")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(self.policy.state_dict(), f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        self.learner_inboxes[receiver].put(("adopt", path, self.policy_id, self.policy.version))
+
+    def _adopt(self, path: str, donor: int, donor_version: int) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        os.remove(path)
+        self.policy.adopt(state)
+        self.weights.publish(self.policy.version)
+        self.save()  # a resumed run must not go back to the replaced weights
+        log.info("policy %d: took over the weights and optimizer state of policy %d (its version %d) as version %d;"
+                 " trajectories of earlier versions are dropped", self.policy_id, donor, donor_version,
+                 self.policy.version)
+
     # ---------------------------------------------------------------- training
     def _collect(self, slots: list[int]) -> dict[str, Tensor] | None:
-        """Copy fresh enough trajectories out of shared memory and return every slot to its actor."""
+        """Copy fresh enough trajectories out of shared memory and return every slot to its actor.
+
+        Too old means: a step more than --max_policy_lag versions behind, or sampled by weights this policy
+        has since replaced (PBT)."""
         index = torch.tensor(slots, dtype=torch.long)
-        traj, cfg = self.traj, self.cfg
+        traj, cfg, version = self.traj, self.policy.cfg, self.policy.version
         valid = self._count_env_steps(index)
         versions = traj["policy_versions"][index]
-        oldest = torch.where(valid, versions, torch.full_like(versions, self.version)).min(dim=1).values
-        fresh = (self.version - oldest) <= cfg.max_policy_lag
+        oldest = torch.where(valid, versions, torch.full_like(versions, version)).min(dim=1).values
+        fresh = ((version - oldest) <= cfg.max_policy_lag) & (oldest >= self.policy.min_version)
         self.dropped += int((~fresh).sum())
         keep = index[fresh]
         batch = None
         if len(keep) > 0:
-            lags = (self.version - versions[fresh])[valid[fresh]].float()
+            lags = (version - versions[fresh])[valid[fresh]].float()
             self.stats["lag_min"].append(lags.min().item())
             self.stats["lag_max"].append(lags.max().item())
             self.stats["lag_avg"].append(lags.mean().item())
@@ -235,7 +275,7 @@ class Learner:
     def _count_env_steps(self, index: Tensor) -> Tensor:
         """Count the steps this policy took in these slots; returns their mask [n, T]."""
         valid = self.traj["policy_ids"][index] == self.policy_id
-        self.env_steps += int(valid.sum())
+        self.policy.env_steps += int(valid.sum())
         return valid
 
     def _release(self, slots: list[int]) -> None:
@@ -246,14 +286,15 @@ class Learner:
             self.actor_inboxes[worker].put(("release", worker_slots))
 
     def train_iteration(self, slots: list[int]) -> None:
-        cfg = self.cfg
+        policy = self.policy
+        cfg, model = policy.cfg, policy.model
         with self.timing.time("batching"):
             batch = self._collect(slots)
         if batch is None:
             return
         with self.timing.time("sgd"):
-            self.model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
-            batch["bootstrap"] = bootstrap_values(self.model, batch)
+            model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
+            batch["bootstrap"] = bootstrap_values(model, batch)
             advantages = targets = None
             if not cfg.with_vtrace:
                 advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"], batch["bootstrap"],
@@ -264,23 +305,24 @@ class Learner:
                 for mb_index in torch.randperm(n, device=self.device).chunk(num_minibatches):
                     mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
                     step_stats = train_step(
-                        self.model, self.optimizer, cfg, mb,
+                        model, policy.optimizer, cfg, mb,
                         None if advantages is None else advantages[mb_index],
                         None if targets is None else targets[mb_index])
-                    self.train_steps += 1
+                    policy.train_steps += 1
                     for key, value in step_stats.items():
                         self.stats[key].append(value)
             self.samples += n * cfg.rollout
-            self.version += 1
-            self.weights.publish(self.version)
+            policy.version += 1
+            self.weights.publish(policy.version)
 
     def _report(self) -> None:
         reducers = {"lag_min": np.min, "lag_max": np.max}
         stats = {key: float(reducers.get(key, np.mean)(values)) for key, values in self.stats.items() if values}
-        stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        policy = self.policy
+        stats["learning_rate"] = policy.optimizer.param_groups[0]["lr"]
         self.report_queue.put(("learner", self.policy_id, {
-            "stats": stats, "env_steps": self.env_steps, "version": self.version, "samples": self.samples,
-            "dropped": self.dropped, "train_steps": self.train_steps, "timing": self.timing.take(),
+            "stats": stats, "env_steps": policy.env_steps, "version": policy.version, "samples": self.samples,
+            "dropped": self.dropped, "train_steps": policy.train_steps, "timing": self.timing.take(),
             "device": str(self.device),
             "state": f"{len(self.pending)} trajectories pending (trains at {self.trajs_per_iteration}), "
                      f"pause={int(self.sampler.pause_collection[self.policy_id])}",
@@ -290,9 +332,9 @@ class Learner:
         self.dropped = 0
 
 
-def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inbox, actor_inboxes, report_queue, weights_name,
-                exp_dir) -> None:
+def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,
+                exp_dir, hyperparams) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(cfg.learner_torch_threads)
-    Learner(cfg, layout, spaces, policy_id, traj, sampler, inbox, actor_inboxes, report_queue, weights_name,
-            exp_dir).run()
+    Learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,
+            exp_dir, hyperparams).run()

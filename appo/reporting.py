@@ -14,6 +14,8 @@ import numpy as np
 import psutil
 from tensorboardX import SummaryWriter
 
+from appo.cfg import inference_groups
+
 FPS_WINDOWS = (10, 60, 300)
 
 
@@ -40,6 +42,10 @@ class Reports:
         self.frame_history: deque[tuple[float, int]] = deque([(self.start, 0)])
         self.episodes = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
         self.episodes_total = [0] * self.num_policies
+        # Per-episode objective PBT ranks by (--pbt_target_objective); emptied when a policy's weights are replaced.
+        self.objectives = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
+        self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
+        self.show_objective = cfg.with_pbt or cfg.target_objective is not None
         self.env_errors = 0
         self.env_steps = list(initial_env_steps)  # trained + dropped env steps per policy (learner count)
         self.versions = [0] * self.num_policies
@@ -72,12 +78,14 @@ class Reports:
                 self.inference_obs = self.inference_batches = 0
         self.sampled_env_steps += data["env_steps"]
         self.env_errors += data["env_errors"]
-        for policy, reward, length in data["episodes"]:
+        for policy, reward, length, objective in data["episodes"]:
             self.episodes[policy].append((reward, length))
             self.episodes_total[policy] += 1
+            if objective is not None:
+                self.objectives[policy].append(objective)
 
-    def on_inference(self, policy: int, data: dict) -> None:
-        self.states[f"inference_p{policy}"] = data["state"]
+    def on_inference(self, name: str, data: dict) -> None:
+        self.states[name] = data["state"]
         self.inference_obs += data["samples"]
         self.inference_batches += data["batches"]
         self._add_timing("inference", data["timing"])
@@ -133,13 +141,23 @@ class Reports:
         rewards, lengths = zip(*self.episodes[policy])
         return float(np.mean(rewards)), float(np.mean(lengths))
 
-    def solved_policy(self, target: float) -> int | None:
-        """A policy whose mean reward over a full window of --stats_avg episodes reaches target."""
+    def objective(self, policy: int) -> float | None:
+        """Mean objective over a full window of --stats_avg episodes; None until the window is full."""
+        window = self.objectives[policy]
+        return float(np.mean(window)) if len(window) == window.maxlen else None
+
+    def solved_policy(self, target: float, measure: str = "reward") -> tuple[int, float] | None:
+        """A policy whose mean reward (or objective) over a full window of --stats_avg episodes reaches target,
+        with that mean."""
         for policy in range(self.num_policies):
-            window = self.episodes[policy]
-            if len(window) == window.maxlen and np.mean([r for r, _ in window]) >= target:
-                return policy
+            mean = self.objective(policy) if measure == "objective" else self._mean_reward_of_full_window(policy)
+            if mean is not None and mean >= target:
+                return policy, mean
         return None
+
+    def _mean_reward_of_full_window(self, policy: int) -> float | None:
+        window = self.episodes[policy]
+        return float(np.mean([r for r, _ in window])) if len(window) == window.maxlen else None
 
     def total_env_steps(self) -> int:
         return sum(self.env_steps)
@@ -157,8 +175,22 @@ class Reports:
             if episode is not None:
                 text += (f", reward {episode[0]:.2f} length {episode[1]:.1f} "
                          f"({len(self.episodes[p])} of {self.episodes_total[p]} episodes)")
+            if self.show_objective and self.objectives[p]:
+                text += f", objective {np.mean(self.objectives[p]):.3f}"
+
             parts.append(text)
+        if self.hyperparams is not None:
+            parts.append(self._population_text())
         return " | ".join(parts)
+
+    def _population_text(self) -> str:
+        """The population's best and worst objective, over whatever episodes each policy has so far."""
+        means = {p: float(np.mean(w)) for p, w in enumerate(self.objectives) if w}
+        if not means:
+            return "PBT objective: no episodes yet"
+        best, worst = max(means, key=means.get), min(means, key=means.get)
+        return f"PBT objective best {means[best]:.3f} (p{best}) worst {means[worst]:.3f} (p{worst})"
+
 
     def write_summaries(self, memory_mb: dict[str, float]) -> None:
         for p, writer in enumerate(self.writers):
@@ -177,6 +209,16 @@ class Reports:
                 writer.add_scalar(f"{group}/{key}", value, step)
             for name, mb in memory_mb.items():
                 writer.add_scalar(f"memory/{name}_mb", mb, step)
+            if self.hyperparams is not None:
+                self.write_pbt_summaries(p)
+
+    def write_pbt_summaries(self, policy: int) -> None:
+        """The policy's current hyper-parameters and objective, under pbt/."""
+        writer, step = self.writers[policy], self.env_steps[policy]
+        for name, value in self.hyperparams[policy].items():
+            writer.add_scalar(f"pbt/{name}", value, step)
+        if self.objectives[policy]:
+            writer.add_scalar("pbt/objective", float(np.mean(self.objectives[policy])), step)
 
     # ---------------------------------------------------------------- benchmark
     def measured(self) -> tuple[float, int, int]:
@@ -192,7 +234,7 @@ class Reports:
         wall = time.monotonic() - self.start
         seconds, env_steps, samples = self.measured()
         measured = max(seconds, 1e-9)
-        processes = {"actor": cfg.num_workers, "inference": cfg.num_policies * cfg.policy_workers_per_policy,
+        processes = {"actor": cfg.num_workers, "inference": len(inference_groups(cfg)) * cfg.policy_workers_per_policy,
                      "learner": cfg.num_policies}
         shares = {}
         for component, keys in TIME_SHARES.items():

@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import random
 import secrets
 import signal
 import time
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 import psutil
 from faster_fifo import Empty, Queue
 
+from appo import pbt
 from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment, weights_segment_name
-from appo.cfg import lockstep
+from appo.cfg import inference_groups, inference_name, lockstep
 from envs import EnvInfo
 from utils.logs import log
 from utils.process import start_component
@@ -53,16 +55,24 @@ class Runner:
         self.spaces = (env.obs_space, env.action_space)
         self.layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
         self.traj = TrajBuffers(self.layout)
-        self.sampler = SamplerState(self.layout, cfg.num_policies, cfg.policy_workers_per_policy)
+        groups = inference_groups(cfg)
+        self.sampler = SamplerState(self.layout, cfg.num_policies, (len(groups), cfg.policy_workers_per_policy),
+                                    tuple(env.reward_shaping))
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
         self.report_queue = make_queue(10_000_000)
         self.actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
-        # Wake-up queues of the inference workers, [policy][index]; requests themselves go through memory.
+        # Wake-up queues of the inference workers, [group][index]; requests themselves go through memory.
         self.inference_queues = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)]
-                                 for _ in range(cfg.num_policies)]
+                                 for _ in groups]
         self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
         self.processes: list[multiprocessing.Process] = []
+        self.population: list[pbt.Member] | None = None
+        if cfg.with_pbt:
+            self.population = pbt.restore_population(exp_dir, cfg, env.reward_shaping)
+            self.pbt_settings = pbt.Settings.from_cfg(cfg)
+            self.pbt_rng = random.Random(cfg.seed)
+            self._publish_population()
         self.ready: set[str] = set()
         self.interrupted = False
         self.last_error: str | None = None
@@ -77,15 +87,17 @@ class Runner:
 
     def start(self) -> None:
         cfg, layout = self.cfg, self.layout
+        weights_names = [weights_segment_name(self.run_token, p) for p in range(cfg.num_policies)]
         for p in range(cfg.num_policies):
-            name = weights_segment_name(self.run_token, p)
+            hyperparams = None if self.population is None else self.population[p].hyperparams
             self._spawn(f"learner_p{p}", "appo.learner", "run_learner", cfg, layout, self.spaces, p, self.traj,
-                        self.sampler, self.learner_inboxes[p], self.actor_inboxes, self.report_queue, name,
-                        self.exp_dir)
+                        self.sampler, self.learner_inboxes, self.actor_inboxes, self.report_queue, weights_names[p],
+                        self.exp_dir, hyperparams)
+        for g in range(len(self.inference_queues)):
             for i in range(cfg.policy_workers_per_policy):
-                self._spawn(f"inference_p{p}_{i}", "appo.inference_worker", "run_inference_worker", cfg, layout,
-                            self.spaces, p, i, self.traj, self.sampler, self.inference_queues[p][i], self.actor_inboxes,
-                            self.report_queue, name)
+                self._spawn(inference_name(cfg, g, i), "appo.inference_worker", "run_inference_worker", cfg, layout,
+                            self.spaces, g, i, self.traj, self.sampler, self.inference_queues[g][i],
+                            self.actor_inboxes, self.report_queue, weights_names)
         for w in range(cfg.num_workers):
             self._spawn(f"actor_{w}", "appo.actor_worker", "run_actor_worker", cfg, layout, w, self.traj,
                         self.sampler, self.actor_inboxes[w], self.inference_queues, self.learner_inboxes,
@@ -126,6 +138,8 @@ class Runner:
             outcome = self._check_stop(now - start)
             if outcome is not None:
                 return outcome
+            if self.population is not None:
+                self._pbt_step()
             if now - last_status >= cfg.report_interval:
                 log.info(reports.status_line())
                 last_status = now
@@ -181,16 +195,46 @@ class Runner:
             return Outcome(f"reached --train_for_env_steps={cfg.train_for_env_steps}", completed=True)
         if elapsed >= cfg.train_for_seconds:
             return Outcome(f"reached --train_for_seconds={cfg.train_for_seconds}", completed=True)
-        if cfg.target_reward is not None:
-            policy = reports.solved_policy(cfg.target_reward)
-            if policy is not None:
-                mean_reward = reports.mean_episode(policy)[0]
+        for measure, target in (("reward", cfg.target_reward), ("objective", cfg.target_objective)):
+            solved = None if target is None else reports.solved_policy(target, measure)
+            if solved is not None:
                 launched = time.time() - psutil.Process().create_time()
                 return Outcome(
-                    f"target reward {cfg.target_reward} reached by policy {policy}: mean {mean_reward:.2f} over "
+                    f"target {measure} {target} reached by policy {solved[0]}: mean {solved[1]:.2f} over "
                     f"{cfg.stats_avg} episodes, {launched:.1f} s after launch, "
                     f"{reports.total_env_steps()} env steps", completed=True)
         return None
+
+    # ---------------------------------------------------------------- population-based training
+    def _pbt_step(self) -> None:
+        """Judge the policies whose period is up and carry out the decisions (see appo/pbt.py)."""
+        reports = self.reports
+        objectives = [reports.objective(p) for p in range(self.cfg.num_policies)]
+        events = pbt.decide(reports.env_steps, objectives, self.population, self.pbt_settings, self.pbt_rng)
+        for event in events:
+            pbt.apply(self.population, event)
+            pbt.append_history(self.exp_dir, event)
+            if event.kind == "keep":
+                continue
+            log.info(event.describe())
+            self.learner_inboxes[event.policy].put(("hyperparams", event.hyperparams_after))
+            if event.donor is not None:
+                self.learner_inboxes[event.donor].put(("export", event.policy))
+                reports.objectives[event.policy].clear()  # judged again on episodes of its new weights
+        if events:
+            self._publish_population()
+            pbt.save_population(self.exp_dir, self.population)
+            for event in events:
+                reports.write_pbt_summaries(event.policy)
+
+    def _publish_population(self) -> None:
+        """Reward shaping to the actors (shared memory), hyper-parameters to the summaries and status line."""
+        keys = self.sampler.shaping_keys
+        for p, member in enumerate(self.population):
+            self.sampler.reward_shaping[p, :len(keys)] = [member.shaping[key] for key in keys]
+        self.reports.hyperparams = [
+            {**member.hyperparams, **{f"shaping_{key}": value for key, value in member.shaping.items()}}
+            for member in self.population]
 
     def _memory_mb(self) -> dict[str, float]:
         memory = {"runner": psutil.Process().memory_info().rss / 2**20}

@@ -23,6 +23,7 @@ from appo.cfg import (
     save_cfg,
 )
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name, verify_checkpoint
+from appo.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
 
@@ -43,10 +44,15 @@ def prepare(cfg: argparse.Namespace, given: set[str]
             if latest is not None:
                 verify_checkpoint(latest)
                 initial_env_steps[p] = parse_name(latest)[1]
+        if cfg.with_pbt:
+            try:
+                load_population(exp_dir, cfg.num_policies)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
         if os.path.exists(os.path.join(exp_dir, "done")):
             return None
     info = env_info(cfg.env, env_kwargs(cfg))
-    cfg = resolve(cfg)
+    cfg = resolve(cfg, info.num_agents)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
     except TypeError as exc:

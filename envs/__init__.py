@@ -2,10 +2,12 @@
 
 from envs.multi_agent import make_multi_agent_env
 from envs.registry import EnvError, EnvInfo, env_info, make_env, register_env
+from envs.shaped_mountain_car import make_shaped_mountain_car
 from envs.synthetic import make_cpu_env, make_sleep_env
 
 register_env("sleep_env", make_sleep_env)
 register_env("cpu_env", make_cpu_env)
 register_env("coop_multi_agent", make_multi_agent_env)
+register_env("mountain_car_shaped", make_shaped_mountain_car)
 
 __all__ = ["EnvError", "EnvInfo", "env_info", "make_env", "register_env"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -84,12 +84,24 @@ class EnvInfo:
     action_space: gym.Space  # of one agent
     num_agents: int = 1
     frames_per_step: int = 1  # emulator frames per env step (frame skip), for reporting frames/s
+    reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
 
 
 def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvInfo:
     env = make_env(env_id, env_kwargs)
     try:
         return EnvInfo(env.observation_space, env.action_space, int(getattr(env, "num_agents", 1)),
-                       int(getattr(env, "frames_per_step", 1)))
+                       int(getattr(env, "frames_per_step", 1)), reward_shaping(env))
     finally:
         env.close()
+
+
+def reward_shaping(env: gym.Env) -> dict[str, float]:
+    """The env's reward-shaping coefficients, for envs (or wrappers) that implement the interface PBT uses:
+    `get_reward_shaping() -> dict[str, float]` and `set_reward_shaping(scheme)`, which takes effect from the
+    next step. Empty for every other env."""
+    try:
+        getter = env.get_wrapper_attr("get_reward_shaping")
+    except AttributeError:
+        return {}
+    return {str(key): float(value) for key, value in getter().items()}

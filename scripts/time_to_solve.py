@@ -16,25 +16,41 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
-TARGET_LINE = re.compile(r"target reward .* reached .* ([0-9]+) env steps")
+TARGET_LINE = re.compile(r"target (?:reward|objective) .* reached .* ([0-9]+) env steps")
 
 
-def run_once(trainer_args: list[str], target: float, limit_s: float, train_dir: str, index: int
-             ) -> tuple[float | None, int | None]:
-    command = [sys.executable, "-m", "appo.train", f"--train_dir={train_dir}", f"--experiment=solve_{index}",
-               f"--target_reward={target}", f"--train_for_seconds={limit_s}", *trainer_args]
+@dataclass
+class Run:
+    solved_s: float | None  # from launch to the trainer's line announcing the target
+    env_steps: int | None
+    output: str
+    returncode: int
+
+
+def run_trainer(args: list[str]) -> Run:
+    """One `python -m appo.train` process with these flags, timed from launch."""
     start = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    solved_at, env_steps = None, None
+    process = subprocess.Popen([sys.executable, "-m", "appo.train", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    solved_at, env_steps, lines = None, None, []
     for line in process.stdout:
+        lines.append(line)
         match = TARGET_LINE.search(line)
         if match and solved_at is None:
             solved_at, env_steps = time.monotonic() - start, int(match.group(1))
     process.wait()
     if process.returncode != 0:
-        print(f"run {index}: trainer exited with code {process.returncode}", file=sys.stderr)
-    return solved_at, env_steps
+        print(f"trainer exited with code {process.returncode}: {''.join(lines[-5:])}", file=sys.stderr)
+    return Run(solved_at, env_steps, "".join(lines), process.returncode)
+
+
+def run_once(trainer_args: list[str], target: float, limit_s: float, train_dir: str, index: int
+             ) -> tuple[float | None, int | None]:
+    run = run_trainer([f"--train_dir={train_dir}", f"--experiment=solve_{index}", f"--target_reward={target}",
+                       f"--train_for_seconds={limit_s}", *trainer_args])
+    return run.solved_s, run.env_steps
 
 
 def main() -> None:

@@ -3,24 +3,33 @@
 `answer` plays the inference worker: it bumps a split's answer counter, as inference does after
 writing the actions."""
 
+import contextlib
+
 import pytest
-from faster_fifo import Queue
+from faster_fifo import Empty, Queue
 
 from appo.actor_worker import ActorWorker
 from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
 from appo.cfg import build_parser, env_kwargs, resolve
 from envs import make_env
+from envs.registry import reward_shaping
 
 
-def make_worker(*env_args: str):
+def make_worker(*env_args: str, shaping: list[list[float]] | None = None):
+    """An actor over real envs and buffers; `shaping[p]`: policy p's reward-shaping coefficients."""
     cfg = resolve(build_parser().parse_args([*(env_args or ["--env=CartPole-v1"]), "--num_workers=1",
                                              "--num_envs_per_worker=4", "--worker_num_splits=2", "--rollout=4",
                                              "--batch_size=16", "--decorrelate_envs_on_one_worker=False"]))
     env = make_env(cfg.env, env_kwargs(cfg))
     layout = Layout.from_cfg(cfg, env.observation_space, env.action_space)
-    queues = {"inbox": Queue(), "inference": Queue(), "learner": Queue(), "report": Queue()}
-    worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), SamplerState(layout, 1), queues["inbox"],
-                         [[queues["inference"]]], [queues["learner"]], queues["report"])
+    queues = {"inbox": Queue(), "inference": Queue(), "report": Queue()}
+    learners = [Queue() for _ in range(cfg.num_policies)]
+    sampler = SamplerState(layout, cfg.num_policies, shaping_keys=tuple(reward_shaping(env)))
+    if shaping is not None:
+        sampler.reward_shaping[:] = shaping
+    worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), sampler, queues["inbox"], [[queues["inference"]]],
+                         learners, queues["report"])
+    queues["learner"] = learners[0]
     worker.init_envs()
     for s in range(layout.num_splits):
         worker._request_actions(s)
@@ -28,7 +37,8 @@ def make_worker(*env_args: str):
 
 
 def answer(worker, s: int) -> None:
-    worker.sampler.answer_count[0, worker.worker, s] = worker.sampler.request_count[0, worker.worker, s]
+    """Every policy asked by split s has answered (with the zero actions in the buffers)."""
+    worker.sampler.answer_count[:, worker.worker, s] = worker.sampler.request_count[:, worker.worker, s]
 
 
 @pytest.mark.timeout(30)
@@ -89,7 +99,33 @@ def test_a_time_limit_is_stored_as_truncation_and_the_episode_is_reported():
         worker._step_split(0)
     assert (worker.traj.dones[slots, 0] == 0).all() and (worker.traj.dones[slots, 1] == TRUNCATED).all()
     assert len(worker.finished_episodes) == 2  # the split's two envs
-    for policy, _, length in worker.finished_episodes:
+    for policy, reward, length, objective in worker.finished_episodes:
         assert policy == 0 and length == 2
+        assert objective == reward  # PBT's default objective: the return, when the env reports no true_objective
     rewards = worker.traj.rewards[slots, :2].sum(axis=1)
-    assert sorted(r for _, r, _ in worker.finished_episodes) == sorted(rewards.tolist())
+    assert sorted(r for _, r, _, _ in worker.finished_episodes) == sorted(rewards.tolist())
+
+
+@pytest.mark.timeout(30)
+def test_envs_play_with_their_policys_shaping_and_report_the_true_objective():
+    pbt = ["--env=mountain_car_shaped", "--num_policies=2", "--with_pbt=True", "--agent_policy_mapping=episode"]
+    worker, layout, queues = make_worker(*pbt, shaping=[[0.25], [0.75]])
+    def shaping_of_envs():
+        return [(int(worker.sampler.agent_policy[0, s, i]), env.get_wrapper_attr("get_reward_shaping")())
+                for s, split in enumerate(worker.splits) for i, env in enumerate(split.envs)]
+    assert all(scheme == {"velocity_bonus": [0.25, 0.75][p]} for p, scheme in shaping_of_envs())
+
+    worker.sampler.reward_shaping[1] = [2.0]  # PBT moved policy 1's coefficient: envs take it at episode start
+    for _ in range(200):  # MountainCar's time limit; action 0 (push left) never reaches the goal
+        for s in range(layout.num_splits):
+            answer(worker, s)
+            worker._step_split(s)
+            for learner in worker.learner_inboxes:  # the learners copy the trajectories and hand the slots back
+                with contextlib.suppress(Empty):
+                    for _, slots in learner.get_many(block=False):
+                        worker._release(slots)
+    assert len(worker.finished_episodes) == 4
+    for _, reward, length, objective in worker.finished_episodes:
+        assert length == 200 and objective == 0.0  # the goal was not reached, whatever the shaped return
+        assert reward > -200.0  # the velocity bonus is in the return the trainer reports
+    assert all(scheme == {"velocity_bonus": [0.25, 2.0][p]} for p, scheme in shaping_of_envs())

@@ -72,6 +72,41 @@ def test_unknown_env_creates_nothing(tmp_path, env):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,expected", [
+    (["--with_pbt=True"], "--with_pbt=True needs a population: --num_policies=1"),
+    (["--num_policies=3", "--with_pbt=True", "--pbt_replace_fraction=0.7"], "--pbt_replace_fraction=0.7: must be"),
+    (["--num_policies=3", "--with_pbt=True", "--pbt_mutation_rate=2"], "--pbt_mutation_rate=2.0: must be within"),
+    (["--num_policies=3", "--with_pbt=True", "--pbt_perturb_min=0.5"], "need 1 <= min <= max"),
+    (["--num_policies=8", "--agent_policy_mapping=split"], "--agent_policy_mapping=split needs a split per policy"),
+])
+def test_bad_pbt_flags_create_nothing(tmp_path, args, expected):
+    result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
+                             "--env=CartPole-v1", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "new")
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_pbt_population(tmp_path):
+    exp = tmp_path / "exp"
+    (exp / "pbt").mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", (
+        "import sys; from appo.cfg import parse_args, save_cfg; "
+        "cfg, _ = parse_args(['--env=CartPole-v1', '--num_policies=2', '--with_pbt=True']); "
+        "save_cfg(cfg, sys.argv[1])"),
+        str(exp / "cfg.json")], cwd=REPO, check=True)
+    (exp / "pbt" / "population.json").write_text('{"policies": [{"hyperparams"')
+    before = snapshot(str(exp))
+    result = run(str(tmp_path), "--env=CartPole-v1")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "population.json: corrupt PBT population file" in lines[0], result.stderr
+    assert snapshot(str(exp)) == before
+
+
+@pytest.mark.timeout(60)
 def test_corrupt_cfg_json(existing_experiment):
     train_dir, exp = existing_experiment
     with open(os.path.join(exp, "cfg.json"), "w") as f:
@@ -105,5 +140,6 @@ def test_help_explains_every_flag():
                             text=True, timeout=60)
     assert result.returncode == 0
     for flag in ("--num_workers", "--worker_num_splits", "--with_vtrace", "--max_policy_lag",
-                 "--num_minibatches_to_accumulate", "--save_every_sec", "--device"):
+                 "--num_minibatches_to_accumulate", "--save_every_sec", "--device", "--with_pbt",
+                 "--pbt_period_env_steps", "--pbt_replace_reward_gap", "--pbt_target_objective"):
         assert flag in result.stdout

@@ -1,0 +1,276 @@
+"""Population-based training: which policy copies whom and how hyper-parameters move.
+
+The decisions are pure functions (population state and statistics in, a list of `Event`s out), so they
+are tested apart from the processes; the runner applies the events (messages to learners, reward
+shaping in shared memory) and this module writes the population's state and history to the experiment
+dir.
+
+Every `--pbt_period_env_steps` of its own (once past `--pbt_start_mutation`), a policy is judged against
+the population by its objective (the mean over its last `--stats_avg` episodes):
+- in the top `k` it is left alone;
+- in the bottom `k`, and far enough below a random top policy (`replacement_gap_met`), it takes over
+  that policy's weights, optimizer state, hyper-parameters and reward shaping, then explores;
+- otherwise it explores from its own values.
+`k = replace_count(N, --pbt_replace_fraction)`. Exploring perturbs each mutable value with probability
+`--pbt_mutation_rate` (`perturb`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Where PBT may take one hyper-parameter.
+
+    `discount_like` values (gamma, GAE lambda) are perturbed on 1 - x, so they approach 1 by ever smaller
+    steps. A value at 0 (or 1 - x at 0) cannot move by a factor, so it first moves to `from_zero`."""
+
+    low: float
+    high: float
+    from_zero: float
+    discount_like: bool = False
+
+
+# The hyper-parameters PBT mutates, and their bounds (documented in --help of --with_pbt).
+MUTABLE: dict[str, Bounds] = {
+    "learning_rate": Bounds(1e-7, 1e-1, from_zero=1e-6),
+    "exploration_loss_coeff": Bounds(0.0, 1.0, from_zero=1e-4),
+    "value_loss_coeff": Bounds(1e-3, 10.0, from_zero=1e-2),
+    "ppo_clip_ratio": Bounds(0.01, 1.0, from_zero=0.01),
+    "ppo_clip_value": Bounds(0.01, 100.0, from_zero=0.01),
+    "max_grad_norm": Bounds(0.01, 100.0, from_zero=0.5),  # 0 (no clipping) is left alone: see mutable_names
+    "gae_lambda": Bounds(0.5, 1.0, from_zero=1e-3, discount_like=True),
+    "gamma": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True),
+}
+# Reward-shaping coefficients an env exposes are perturbed with these bounds.
+SHAPING_BOUNDS = Bounds(-1e3, 1e3, from_zero=1e-3)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The --pbt_* flags that the decisions use."""
+
+    period_env_steps: int
+    start_mutation: int
+    replace_fraction: float
+    mutation_rate: float
+    replace_reward_gap: float
+    replace_reward_gap_absolute: float
+    perturb_min: float
+    perturb_max: float
+
+    @staticmethod
+    def from_cfg(cfg) -> Settings:
+        return Settings(cfg.pbt_period_env_steps, cfg.pbt_start_mutation, cfg.pbt_replace_fraction,
+                        cfg.pbt_mutation_rate, cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute,
+                        cfg.pbt_perturb_min, cfg.pbt_perturb_max)
+
+
+@dataclass
+class Member:
+    """One policy's place in the population: what PBT sets, and when it last judged the policy."""
+
+    hyperparams: dict[str, float]
+    shaping: dict[str, float] = field(default_factory=dict)
+    last_decision_env_steps: int = 0
+    replacements: int = 0  # times it took over another policy's weights
+    mutations: int = 0
+
+
+@dataclass(frozen=True)
+class Event:
+    """The outcome of judging one policy. `kind`: keep (top), mutate (explore from its own values) or
+    replace (exploit `donor`, then explore from the donor's values)."""
+
+    policy: int
+    kind: str
+    env_steps: int
+    objectives: list[float | None]  # of every policy, when judged
+    donor: int | None = None
+    hyperparams_before: dict[str, float] = field(default_factory=dict)
+    hyperparams_after: dict[str, float] = field(default_factory=dict)
+    shaping_before: dict[str, float] = field(default_factory=dict)
+    shaping_after: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One readable log line."""
+        def changes(before: dict, after: dict) -> str:
+            moved = [f"{k} {_fmt(before.get(k))} -> {_fmt(v)}" for k, v in after.items() if before.get(k) != v]
+            return ", ".join(moved) or "no value changed"
+
+        objective = _fmt(self.objectives[self.policy])
+        text = f"PBT: policy {self.policy} ({self.env_steps} env steps, objective {objective})"
+        if self.kind == "replace":
+            text += (f" takes over policy {self.donor} (objective {_fmt(self.objectives[self.donor])}): weights, "
+                     "optimizer and hyper-parameters;")
+        else:
+            text += " explores:"
+        text += " " + changes(self.hyperparams_before, self.hyperparams_after)
+        if self.shaping_after != self.shaping_before:
+            text += "; reward shaping " + changes(self.shaping_before, self.shaping_after)
+        return text
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def mutable_names(cfg) -> list[str]:
+    """The hyper-parameters PBT mutates in this run: gamma only with --pbt_optimize_gamma, and max_grad_norm
+    only when clipping is on (0 means no clipping, which a factor would turn into a tiny clip)."""
+    names = [name for name in MUTABLE if name != "gamma" or cfg.pbt_optimize_gamma]
+    return [name for name in names if name != "max_grad_norm" or cfg.max_grad_norm > 0]
+
+
+def replace_count(num_policies: int, fraction: float) -> int:
+    """How many policies form the top and the bottom: the fraction rounded up, at least one, and at most half
+    so that the two never overlap."""
+    return min(num_policies // 2, max(1, math.ceil(round(fraction * num_policies, 9))))
+
+
+def replacement_gap_met(best: float, worst: float, relative: float, absolute: float) -> bool:
+    """Whether `worst` is far enough below `best` to be replaced.
+
+    The relative gap is measured against the larger magnitude of the two, so it means the same for
+    positive, negative and mixed returns (dividing by `best` alone, as Sample Factory does, turns the test
+    around when the best return is negative and explodes when it is near 0)."""
+    gap = best - worst
+    return gap > absolute and gap > relative * max(abs(best), abs(worst))
+
+
+def perturb(value: float, bounds: Bounds, rng: random.Random, perturb_min: float, perturb_max: float) -> float:
+    """Multiply by a factor from [perturb_min, perturb_max] or divide by it (even odds); on 1 - x for
+    discount-like values. A 0 moves to `from_zero` times the factor. Clamped to the bounds."""
+    factor = rng.uniform(perturb_min, perturb_max)
+    if rng.random() < 0.5:
+        factor = 1.0 / factor
+    x = 1.0 - value if bounds.discount_like else value
+    x = (bounds.from_zero if x == 0 else x) * factor
+    new = 1.0 - x if bounds.discount_like else x
+    return min(bounds.high, max(bounds.low, new))
+
+
+def explore(values: dict[str, float], bounds: dict[str, Bounds] | Bounds, rng: random.Random,
+            settings: Settings) -> dict[str, float]:
+    """Each value perturbed with probability --pbt_mutation_rate."""
+    explored = {}
+    for name, value in values.items():
+        b = bounds if isinstance(bounds, Bounds) else bounds[name]
+        mutate = rng.random() < settings.mutation_rate
+        explored[name] = perturb(value, b, rng, settings.perturb_min, settings.perturb_max) if mutate else value
+    return explored
+
+
+def decide(env_steps: list[int], objectives: list[float | None], members: list[Member], settings: Settings,
+           rng: random.Random) -> list[Event]:
+    """Judge every policy whose period is up. `objectives[p]` is None while policy p has too few episodes;
+    such a policy is neither judged nor ranked."""
+    ranked = sorted((p for p, o in enumerate(objectives) if o is not None), key=lambda p: -objectives[p])
+    if len(ranked) < 2:
+        return []
+    k = replace_count(len(ranked), settings.replace_fraction)
+    top, bottom = ranked[:k], ranked[-k:]
+    events = []
+    for policy, member in enumerate(members):
+        steps = env_steps[policy]
+        if (objectives[policy] is None or steps < settings.start_mutation
+                or steps - member.last_decision_env_steps < settings.period_env_steps):
+            continue
+        if policy in top:
+            events.append(Event(policy, "keep", steps, list(objectives), hyperparams_before=member.hyperparams,
+                                hyperparams_after=member.hyperparams, shaping_before=member.shaping,
+                                shaping_after=member.shaping))
+            continue
+        donor = None
+        if policy in bottom:
+            candidate = rng.choice(top)
+            if replacement_gap_met(objectives[candidate], objectives[policy], settings.replace_reward_gap,
+                                   settings.replace_reward_gap_absolute):
+                donor = candidate
+        source = members[policy if donor is None else donor]
+        events.append(Event(
+            policy, "mutate" if donor is None else "replace", steps, list(objectives), donor=donor,
+            hyperparams_before=dict(member.hyperparams),
+            hyperparams_after=explore(source.hyperparams, MUTABLE, rng, settings),
+            shaping_before=dict(member.shaping),
+            shaping_after=explore(source.shaping, SHAPING_BOUNDS, rng, settings)))
+    return events
+
+
+def apply(members: list[Member], event: Event) -> None:
+    """Record a decision in the population."""
+    member = members[event.policy]
+    member.last_decision_env_steps = event.env_steps
+    if event.kind == "keep":
+        return
+    member.hyperparams = dict(event.hyperparams_after)
+    member.shaping = dict(event.shaping_after)
+    member.mutations += 1
+    member.replacements += event.kind == "replace"
+
+
+# ---------------------------------------------------------------- persistence
+def pbt_dir(exp_dir: str) -> str:
+    return os.path.join(exp_dir, "pbt")
+
+
+def initial_members(cfg, num_policies: int, shaping: dict[str, float]) -> list[Member]:
+    """Every policy starts from the flags' values (and the env's shaping); exploring sets them apart."""
+    hyperparams = {name: float(getattr(cfg, name)) for name in mutable_names(cfg)}
+    return [Member(dict(hyperparams), dict(shaping)) for _ in range(num_policies)]
+
+
+def save_population(exp_dir: str, members: list[Member]) -> None:
+    """`pbt/population.json`, written to a temporary name and renamed (complete or absent)."""
+    os.makedirs(pbt_dir(exp_dir), exist_ok=True)
+    path = os.path.join(pbt_dir(exp_dir), "population.json")
+    with open(f"{path}.tmp", "w") as f:
+        json.dump({"policies": [asdict(m) for m in members]}, f, indent=2)
+    os.replace(f"{path}.tmp", path)
+
+
+def load_population(exp_dir: str, num_policies: int) -> list[Member] | None:
+    """The saved population, or None if there is none; ValueError names a corrupt or mismatched file."""
+    path = os.path.join(pbt_dir(exp_dir), "population.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            members = [Member(**m) for m in json.load(f)["policies"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: corrupt PBT population file ({exc}); fix it or pass --restart=True") from exc
+    if len(members) != num_policies:
+        raise ValueError(f"{path}: holds {len(members)} policies, the run has --num_policies={num_policies}")
+    return members
+
+
+def restore_population(exp_dir: str, cfg, shaping: dict[str, float]) -> list[Member]:
+    """The population a run starts with: the saved one when resuming (values the run now mutates but the file
+    lacks, e.g. gamma after turning on --pbt_optimize_gamma, come from the flags), else a fresh one.
+    Weight transfers a stopped run left half done are discarded."""
+    members = load_population(exp_dir, cfg.num_policies)
+    fresh = initial_members(cfg, cfg.num_policies, shaping)
+    if members is None:
+        return fresh
+    for member, default in zip(members, fresh):
+        member.hyperparams = {**default.hyperparams, **member.hyperparams}
+        member.shaping = {**default.shaping, **member.shaping}
+    for name in os.listdir(pbt_dir(exp_dir)):
+        if name.startswith("transfer_"):
+            os.remove(os.path.join(pbt_dir(exp_dir), name))
+    return members
+
+
+def append_history(exp_dir: str, event: Event) -> None:
+    """One line of `pbt/history.jsonl` per decision (a "keep" too, so plots have every policy every period)."""
+    os.makedirs(pbt_dir(exp_dir), exist_ok=True)
+    line = {"time": time.time(), **asdict(event)}
+    with open(os.path.join(pbt_dir(exp_dir), "history.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -1,0 +1,88 @@
+"""PBT against the same population without PBT, N runs each, and a plot of one PBT run.
+
+Presets (the flags each run gets are printed):
+- `cartpole`: 4 policies on CartPole-v1, all at a learning rate 100x below the default; solved is a mean
+  reward of 475 over the last 100 episodes.
+- `mountaincar`: 4 policies on `mountain_car_shaped`, whose velocity bonus starts too small to learn from;
+  solved is a goal rate (`true_objective`) of 0.9 over the last 100 episodes, whatever the shaped reward.
+
+    python scripts/pbt_experiment.py cartpole --runs 3 --out docs/pbt_cartpole
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pbt_plot import load_history, plot  # noqa: E402
+from time_to_solve import run_trainer  # noqa: E402
+
+PRESETS = {
+    "cartpole": {"flags": ["--env=CartPole-v1", "--num_policies=4", "--learning_rate=1e-5"],
+                 "target": "--target_reward=475", "seconds": 180, "shaping": None},
+    "mountaincar": {"flags": ["--env=mountain_car_shaped", "--num_policies=4"],
+                    "target": "--target_objective=0.9", "seconds": 180, "shaping": "velocity_bonus"},
+}
+# The last status line's per-policy reward and objective.
+POLICY_STATS = re.compile(r"p(\d+): [^|]*?reward (-?[0-9.]+)[^|]*?(?:objective (-?[0-9.]+))?(?: \||$)")
+
+
+def final_stats(output: str) -> dict[int, dict[str, float]]:
+    """Each policy's mean reward (and objective, when shown) in the trainer's last status line."""
+    status = [line for line in output.splitlines() if "FPS (" in line and "reward" in line]
+    if not status:
+        return {}
+    return {int(p): {"reward": float(r), **({"objective": float(o)} if o else {})}
+            for p, r, o in POLICY_STATS.findall(status[-1])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("preset", choices=sorted(PRESETS))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", default="baseline,pbt", help="baseline (no PBT) and/or pbt, comma-separated.")
+    parser.add_argument("--seconds", type=float, default=None, help="Budget of each run (default: the preset's).")
+    parser.add_argument("--out", default="train_dir/pbt_experiment", help="Folder for the runs, summary and plot.")
+    parser.add_argument("trainer_args", nargs="*", help="Extra flags for appo.train (after --).")
+    args = parser.parse_args()
+    preset = PRESETS[args.preset]
+    seconds = args.seconds or preset["seconds"]
+    os.makedirs(args.out, exist_ok=True)
+    results: dict[str, list[dict]] = {}
+    for mode in args.modes.split(","):
+        flags = [*preset["flags"], preset["target"], f"--train_for_seconds={seconds}", "--restart=True",
+                 f"--with_pbt={mode == 'pbt'}", *args.trainer_args]
+        print(f"{mode}: python -m appo.train {' '.join(flags)}", flush=True)
+        for index in range(args.runs):
+            experiment = f"{args.preset}_{mode}_{index}"
+            run = run_trainer([f"--train_dir={args.out}", f"--experiment={experiment}", *flags])
+            stats = final_stats(run.output)
+            result = {"experiment": experiment, "solved_s": run.solved_s, "env_steps": run.env_steps,
+                      "final": stats, "returncode": run.returncode,
+                      "replacements": run.output.count(" takes over policy ")}
+            results.setdefault(mode, []).append(result)
+            best = max(stats.values(), key=lambda s: s.get("objective", s["reward"]), default={})
+            outcome = (f"solved in {run.solved_s:.1f} s ({run.env_steps} env steps)" if run.solved_s is not None
+                       else f"not solved in {seconds:.0f} s")
+            print(f"  run {index}: {outcome}; best policy at the end: {best}; "
+                  f"{result['replacements']} replacements", flush=True)
+        times = [r["solved_s"] if r["solved_s"] is not None else float("inf") for r in results[mode]]
+        print(f"{mode}: median time to solve {statistics.median(times):.1f} s over {args.runs} runs", flush=True)
+
+    with open(os.path.join(args.out, f"{args.preset}_summary.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    if "pbt" in results:  # plot the run with the median time (unsolved runs count as slowest)
+        ranked = sorted(results["pbt"], key=lambda r: r["solved_s"] if r["solved_s"] is not None else float("inf"))
+        median_run = ranked[len(ranked) // 2]["experiment"]
+        out = os.path.join(args.out, f"{args.preset}_pbt.png")
+        plot(load_history(os.path.join(args.out, median_run)), out, f"{args.preset}: {median_run}", preset["shaping"])
+        print(f"plot of {median_run}: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The reward-shaping interface of the shaped MountainCar env, without trainer processes."""
+
+import gymnasium as gym
+import pytest
+
+from envs import make_env
+from envs.shaped_mountain_car import DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
+
+
+def _run_episode(env: gym.Env, policy) -> tuple[list[float], bool, bool, dict]:
+    obs, _ = env.reset(seed=0)
+    rewards = []
+    while True:
+        obs, reward, terminated, truncated, info = env.step(policy(obs))
+        rewards.append(reward)
+        if terminated or truncated:
+            return rewards, terminated, truncated, info
+
+
+def _bang_bang(obs) -> int:
+    return 2 if obs[1] >= 0 else 0  # push along the velocity: pumps energy in, reaches the goal in ~100 steps
+
+
+def test_get_set_round_trip_and_unknown_key():
+    env = make_env("mountain_car_shaped")
+    assert env.get_reward_shaping() == {"velocity_bonus": DEFAULT_VELOCITY_BONUS}
+    env.set_reward_shaping({"velocity_bonus": 0.7})
+    assert env.get_reward_shaping() == {"velocity_bonus": 0.7}
+    with pytest.raises(ValueError, match="speed_bonus"):
+        env.set_reward_shaping({"velocity_bonus": 0.1, "speed_bonus": 1.0})
+    assert env.get_reward_shaping() == {"velocity_bonus": 0.7}  # a rejected scheme changes nothing
+    assert make_env("mountain_car_shaped", {"velocity_bonus": 2.0}).get_reward_shaping() == {"velocity_bonus": 2.0}
+
+
+def test_bonus_is_added_per_step():
+    shaped = make_shaped_mountain_car(velocity_bonus=0.5)
+    plain = gym.make("MountainCar-v0", disable_env_checker=True)
+    shaped.reset(seed=3)
+    plain.reset(seed=3)
+    for t in range(60):
+        action = t % 3
+        obs, reward, *_ = shaped.step(action)
+        plain_obs, plain_reward, *_ = plain.step(action)
+        assert (obs == plain_obs).all()
+        assert reward == pytest.approx(plain_reward + 0.5 * abs(plain_obs[1]) / 0.07)
+        assert plain_reward <= reward <= plain_reward + 0.5
+    shaped.set_reward_shaping({"velocity_bonus": 0.0})  # takes effect on the next step
+    _, reward, *_ = shaped.step(1)
+    assert reward == -1.0
+
+
+def test_true_objective_and_unshaped_return_at_episode_end():
+    env = make_shaped_mountain_car(velocity_bonus=1.0)
+    rewards, terminated, truncated, info = _run_episode(env, lambda obs: 1)  # no push: never gets there
+    assert truncated and not terminated and len(rewards) == 200
+    assert info["true_objective"] == 0.0 and info["unshaped_return"] == -200.0
+    assert sum(rewards) > -200.0  # the bonus, which the objective ignores
+
+    rewards, terminated, truncated, info = _run_episode(env, _bang_bang)
+    assert terminated and len(rewards) < 200
+    assert info["true_objective"] == 1.0 and info["unshaped_return"] == -float(len(rewards))
+
+    env.reset(seed=1)
+    _, _, _, _, info = env.step(1)
+    assert "true_objective" not in info  # only at episode end
