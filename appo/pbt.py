@@ -171,8 +171,11 @@ def explore(values: dict[str, float], bounds: dict[str, Bounds] | Bounds, rng: r
 def decide(env_steps: list[int], objectives: list[float | None], members: list[Member], settings: Settings,
            rng: random.Random) -> list[Event]:
     """Judge every policy whose period is up. `objectives[p]` is None while policy p has too few episodes;
-    such a policy is neither judged nor ranked."""
-    ranked = sorted((p for p, o in enumerate(objectives) if o is not None), key=lambda p: -objectives[p])
+    such a policy is neither judged nor ranked. Equal objectives rank in random order (a sparse objective is
+    often 0 for everyone; no policy should be kept or explored for its index)."""
+    tie_break = [rng.random() for _ in objectives]
+    judged = [p for p, o in enumerate(objectives) if o is not None]
+    ranked = sorted(judged, key=lambda p: (-objectives[p], tie_break[p]))
     if len(ranked) < 2:
         return []
     k = replace_count(len(ranked), settings.replace_fraction)

@@ -177,7 +177,6 @@ class Reports:
                          f"({len(self.episodes[p])} of {self.episodes_total[p]} episodes)")
             if self.show_objective and self.objectives[p]:
                 text += f", objective {np.mean(self.objectives[p]):.3f}"
-
             parts.append(text)
         if self.hyperparams is not None:
             parts.append(self._population_text())
@@ -190,7 +189,6 @@ class Reports:
             return "PBT objective: no episodes yet"
         best, worst = max(means, key=means.get), min(means, key=means.get)
         return f"PBT objective best {means[best]:.3f} (p{best}) worst {means[worst]:.3f} (p{worst})"
-
 
     def write_summaries(self, memory_mb: dict[str, float]) -> None:
         for p, writer in enumerate(self.writers):

@@ -69,6 +69,15 @@ def test_no_replacement_when_the_gap_is_small():
     assert [e.kind for e in sorted(events, key=lambda e: e.policy)] == ["keep", "mutate"]
 
 
+def test_equal_objectives_rank_in_random_order():
+    kept = set()
+    for seed in range(20):  # a sparse objective: 0 for every policy
+        events = pbt.decide([5000] * 3, [0.0, 0.0, 0.0], members(3), settings(), random.Random(seed))
+        kept |= {e.policy for e in events if e.kind == "keep"}
+        assert not any(e.kind == "replace" for e in events)  # no gap, no replacement
+    assert kept == {0, 1, 2}
+
+
 @pytest.mark.parametrize("n, expected", [(2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (7, 3), (8, 3)])
 def test_how_many_policies_are_replaced(n, expected):
     assert pbt.replace_count(n, 0.3) == expected

@@ -55,10 +55,16 @@ def test_true_objective_and_unshaped_return_at_episode_end():
     assert truncated and not terminated and len(rewards) == 200
     assert info["true_objective"] == 0.0 and info["unshaped_return"] == -200.0
     assert sum(rewards) > -200.0  # the bonus, which the objective ignores
+    idle_progress = info["progress"]
+    assert 0.3 < idle_progress < 0.6  # rolled a little way up from the valley floor, far from the goal
+
+    rewards, terminated, truncated, info = _run_episode(env, lambda obs: 2 if obs[1] >= 0 and obs[0] < -0.3 else 0)
+    assert truncated and idle_progress < info["progress"] < 1.0  # swings higher without reaching the goal
 
     rewards, terminated, truncated, info = _run_episode(env, _bang_bang)
     assert terminated and len(rewards) < 200
     assert info["true_objective"] == 1.0 and info["unshaped_return"] == -float(len(rewards))
+    assert info["progress"] == 1.0
 
     env.reset(seed=1)
     _, _, _, _, info = env.step(1)
