@@ -93,7 +93,8 @@ class InferenceWorker:
                 with self.timing.time("forward"):
                     self._serve(local, policy_requests)
             if len(requests[0]):
-                self._answer(requests)
+                with self.timing.time("forward"):  # answering is part of serving in the time shares
+                    self._answer(requests)
             now = time.monotonic()
             if now - last_report > REPORT_INTERVAL_S:
                 self.request_rate = self.requests / (now - last_report)
@@ -174,7 +175,7 @@ class InferenceWorker:
     def _answer(self, requests: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         """Publish every served request (after all its results are written) and wake the actors that sleep."""
         local, rows, splits = requests
-        self.answer_count[local, rows, splits] += 1
+        self.answer_count[local, rows, splits] += 1  # publishes the results: written last
         workers = self.workers[rows]
         for worker in set(workers[self.sampler.actor_waiting[workers] == 1].tolist()):
             self.actor_inboxes[worker].put(("wake",))
