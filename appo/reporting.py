@@ -12,7 +12,6 @@ from collections import defaultdict, deque
 
 import numpy as np
 import psutil
-from tensorboardX import SummaryWriter
 
 from appo.cfg import inference_groups
 
@@ -59,8 +58,19 @@ class Reports:
         self.device = "?"
         self.states: dict[str, str] = {}  # last reported state of each worker, for stall reports
         self.last_progress = self.start  # when env steps last moved
-        self.writers = [SummaryWriter(os.path.join(exp_dir, "summaries", str(p)), flush_secs=10)
-                        for p in range(self.num_policies)]
+        self.exp_dir = exp_dir
+        self._writers: list | None = None
+
+    @property
+    def writers(self) -> list:
+        """Tensorboard writers, one per policy, made on first use: the runner builds Reports before it forks the
+        workers, and tensorboardX imports torch, which actor workers must not inherit."""
+        if self._writers is None:
+            from tensorboardX import SummaryWriter
+
+            self._writers = [SummaryWriter(os.path.join(self.exp_dir, "summaries", str(p)), flush_secs=10)
+                             for p in range(self.num_policies)]
+        return self._writers
 
     # ---------------------------------------------------------------- intake
     def on_actor(self, worker: int, data: dict) -> None:
@@ -260,7 +270,7 @@ class Reports:
         return summary
 
     def close(self) -> None:
-        for writer in self.writers:
+        for writer in self._writers or []:
             writer.close()
 
 

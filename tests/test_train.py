@@ -57,6 +57,27 @@ def test_actors_run_under_sched_batch_and_the_rest_do_not(trainer):
     assert sorted(policies) == sorted([os.SCHED_BATCH] * 3 + [os.SCHED_OTHER] * 2)
 
 
+@pytest.mark.timeout(60)
+def test_actors_never_load_torch(trainer):
+    """Actors see the shared buffers through numpy; torch is mapped only into inference and learner processes
+    (the runner imports tensorboardX, and with it torch, only after forking them)."""
+    process = trainer.start("--env=CartPole-v1", "--experiment=no_torch", "--num_workers=3", "--num_envs_per_worker=4",
+                            "--decorrelate_envs_on_one_worker=False", "--report_interval=0.5")
+    try:
+        log = pathlib.Path(trainer.train_dir, "no_torch", "log.txt")
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and not (log.exists() and re.search(r"env steps [1-9]", log.read_text())):
+            time.sleep(0.2)
+        mapped = []
+        for child in psutil.Process(process.pid).children():
+            with open(f"/proc/{child.pid}/maps") as f:
+                mapped.append("libtorch" in f.read())
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=15)
+    assert sorted(mapped) == [False] * 3 + [True] * 2  # 3 actors without; inference and learner with
+
+
 @pytest.mark.timeout(90)
 def test_interrupt_saves_and_resume_continues(trainer):
     args = ["--env=CartPole-v1", "--experiment=resume", *FAST]
