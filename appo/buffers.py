@@ -29,6 +29,7 @@ import contextlib
 import math
 import mmap
 import os
+import re
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -194,8 +195,33 @@ class SamplerState:
 
 
 def weights_segment_name(run_token: str, policy_id: int) -> str:
-    """Name of the segment a learner publishes its weights in (see appo.weights)."""
+    """Name of the segment a learner publishes its weights in (see appo.weights); the run token starts with
+    the runner's pid."""
     return f"/appo_{run_token}_p{policy_id}"
+
+
+def remove_orphan_segments(directory: str = "/dev/shm") -> list[str]:
+    """Unlink weight segments whose runner is gone (a runner killed with -9 cannot unlink its own); returns
+    their names. A segment whose pid belongs to a live process is left alone."""
+    if not os.path.isdir(directory):
+        return []
+    removed = []
+    for name in os.listdir(directory):
+        match = re.fullmatch(r"appo_(\d+)_[0-9a-f]+_p\d+", name)
+        if match and not _pid_alive(int(match.group(1))):
+            unlink_segment(f"/{name}")
+            removed.append(name)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def create_segment(name: str, nbytes: int) -> mmap.mmap:

@@ -23,7 +23,14 @@ import psutil
 from faster_fifo import Empty, Queue
 
 from appo import pbt
-from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment, weights_segment_name
+from appo.buffers import (
+    Layout,
+    SamplerState,
+    TrajBuffers,
+    remove_orphan_segments,
+    unlink_segment,
+    weights_segment_name,
+)
 from appo.cfg import inference_groups, inference_name, lockstep
 from envs import EnvInfo
 from utils.logs import log
@@ -81,11 +88,15 @@ class Runner:
     def _spawn(self, name: str, module: str, function: str, *args) -> None:
         context = multiprocessing.get_context("fork")
         process = context.Process(target=start_component, name=name,
-                                  args=(name, self.report_queue, module, function, *args), daemon=True)
+                                  args=(name, self.report_queue, module, function, os.getpid(), *args), daemon=True)
         process.start()
         self.processes.append(process)
 
     def start(self) -> None:
+        removed = remove_orphan_segments()
+        if removed:
+            log.info("Removed %d shared-memory segments left by runs whose main process died: %s", len(removed),
+                     ", ".join(removed))
         cfg, layout = self.cfg, self.layout
         weights_names = [weights_segment_name(self.run_token, p) for p in range(cfg.num_policies)]
         for p in range(cfg.num_policies):

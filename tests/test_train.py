@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
-from tests.conftest import last_mean_reward
+from tests.conftest import last_mean_reward, shm_entries
 
 FAST = ["--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
 
@@ -76,6 +76,30 @@ def test_actors_never_load_torch(trainer):
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=15)
     assert sorted(mapped) == [False] * 3 + [True] * 2  # 3 actors without; inference and learner with
+
+
+@pytest.mark.timeout(90)
+def test_workers_die_with_the_main_process_and_its_segment_is_removed_next_time(trainer):
+    process = trainer.start("--env=CartPole-v1", "--experiment=orphan", *FAST)
+    log = pathlib.Path(trainer.train_dir, "orphan", "log.txt")
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not (log.exists() and re.search(r"env steps [1-9]", log.read_text())):
+        time.sleep(0.2)
+    workers = psutil.Process(process.pid).children()
+    segments = {name for name in shm_entries() if name.startswith(f"appo_{process.pid}_")}
+    assert len(workers) == 4 and len(segments) == 1
+    process.kill()  # as the OOM killer would: no chance to stop anyone or unlink anything
+    process.communicate(timeout=10)
+    killed_at = time.monotonic()
+    while any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers):
+        assert time.monotonic() - killed_at < 5, "workers must exit within 5 s of the main process"
+        time.sleep(0.05)
+    assert segments <= shm_entries()  # left behind by the kill
+
+    result = trainer.run("--env=CartPole-v1", "--experiment=after", "--train_for_env_steps=3000", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Removed 1 shared-memory segments left by runs whose main process died" in result.stdout
+    assert not segments & shm_entries()
 
 
 @pytest.mark.timeout(90)

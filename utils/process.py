@@ -51,7 +51,21 @@ def run_guarded(name: str, report_queue, main: Callable[..., Any], *args: Any) -
         os._exit(1)
 
 
-def start_component(name: str, report_queue, module: str, function: str, *args: Any) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the process that forked it dies (kill -9, the OOM killer), so no
+    worker outlives a runner that can no longer stop it. Elsewhere this does nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the request was in place
+        os._exit(1)
+
+
+def start_component(name: str, report_queue, module: str, function: str, parent_pid: int, *args: Any) -> None:
     """Entry point of every forked worker: import its module here, so torch loads only where needed."""
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_guarded(name, report_queue, lambda: getattr(importlib.import_module(module), function)(*args))
