@@ -11,6 +11,7 @@ worker's private free list. This module never imports torch: it sees the shared 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import traceback
 from collections import deque
@@ -71,7 +72,9 @@ class ActorWorker:
         self.timing = Timing()
         self.env_steps = 0
         self.env_errors = 0
-        self.finished_episodes: list[tuple[int, float, int]] = []
+        self.errors_seen: set[str] = set()  # distinct env errors already logged with their traceback
+        # (policy, return, length, PBT objective or None) of the episodes finished since the last report
+        self.finished_episodes: list[tuple[int, float, int, float | None]] = []
         self.splits: list[Split] = []
         self.last_report = time.monotonic()
         self.lockstep = lockstep(cfg)
@@ -297,10 +300,18 @@ class ActorWorker:
         self.traj.policy_ids[self.splits[s].slots[dones], from_t:] = policies[dones, None]
 
     def _rebuild_env(self, s: int, i: int) -> np.ndarray:
-        """An env that raised loses its episode, not the worker: log it, build it anew, reset."""
+        """An env that raised loses its episode, not the worker: log it, build it anew, reset.
+
+        The traceback is logged the first time this worker sees an error (same exception, message and place);
+        repeats are only counted (the status line shows the count), so a flaky env cannot flood the log."""
         self.env_errors += 1
-        log.warning("actor %d: env %d of split %d raised; rebuilding it:\n%s", self.worker, i, s,
-                    traceback.format_exc())
+        error = sys.exc_info()[1]
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        key = f"{type(error).__name__}: {error} at {frame.filename}:{frame.lineno}"
+        if key not in self.errors_seen:
+            self.errors_seen.add(key)
+            log.warning("actor %d: env %d of split %d raised; rebuilding it (repeats of this error are only "
+                        "counted):\n%s", self.worker, i, s, traceback.format_exc())
         with contextlib.suppress(Exception):
             self.splits[s].envs[i].close()
         env = make_env(self.cfg.env, self.env_kwargs)

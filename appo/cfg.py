@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -289,7 +290,7 @@ def validate(cfg: argparse.Namespace) -> None:
         raise ConfigError(f"--max_policy_lag={cfg.max_policy_lag}: must be 0 or more")
     if cfg.with_pbt:
         validate_pbt(cfg)
-    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
+    if not (cfg.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", cfg.device)):
         raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
     env_kwargs(cfg)
     validate_encoder(cfg.encoder)

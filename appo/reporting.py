@@ -176,6 +176,8 @@ class Reports:
     def status_line(self) -> str:
         fps = ", ".join(f"{w}s: {self.fps(w):.1f}" for w in FPS_WINDOWS)
         parts = [f"FPS ({fps}) | env steps {self.total_env_steps()}"]
+        if self.env_errors:
+            parts[0] += f", env errors {self.env_errors} (episodes lost, envs rebuilt)"
         for p in range(self.num_policies):
             stats = self.learner_stats[p]
             episode = self.mean_episode(p)

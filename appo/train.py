@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 from appo.buffers import Layout
 from appo.cfg import (
@@ -58,11 +60,43 @@ def prepare(cfg: argparse.Namespace, given: set[str]
     except TypeError as exc:
         raise ConfigError(f"--env={cfg.env}: {exc}") from exc
 
+    check_train_dir(cfg.train_dir)
+    check_device(cfg.device)
     if cfg.restart and os.path.exists(exp_dir):
         shutil.rmtree(exp_dir)
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
+
+
+def check_train_dir(train_dir: str) -> None:
+    """The experiment folder can be created: --train_dir is a folder, or can be made. Probed by making and
+    removing an empty folder in the nearest existing one: permission bits do not tell (root passes them, yet
+    cannot write to a read-only mount or to /proc)."""
+    if os.path.exists(train_dir) and not os.path.isdir(train_dir):
+        raise ConfigError(f"--train_dir={train_dir}: exists and is not a folder; give a folder")
+    existing = os.path.abspath(train_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".appo_probe_", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"--train_dir={train_dir}: {existing} is not a writable folder ({exc.strerror}); "
+                          "give one that is") from exc
+
+
+def check_device(device: str) -> None:
+    """An explicit CUDA device exists. Asked in a child process: CUDA is never initialised in the runner,
+    which forks the workers (a forked child cannot use a CUDA context its parent made)."""
+    if not device.startswith("cuda"):
+        return
+    index = int(device.split(":")[1]) if ":" in device else 0
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True)
+    count = int(probe.stdout.strip() or 0)
+    if index >= count:
+        raise ConfigError(f"--device={device}: this machine has {count} CUDA device(s) visible to torch; use "
+                          f"{'--device=cuda:0 to cuda:' + str(count - 1) + ', ' if count else ''}--device=cpu or auto")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -43,6 +44,7 @@ def run(train_dir: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args,expected", [
     (["--env=CartPole-v1", "--num_envs_per_worker=5", "--worker_num_splits=2"], "not divisible by --worker_num_splits"),
     (["--env=CartPole-v1", "--num_workers=0"], "--num_workers=0: must be a positive integer"),
+    (["--env=CartPole-v1", "--device=cuda:abc"], "--device=cuda:abc: use cpu, cuda, cuda:N or auto"),
     (["--env=CartPole-v1", "--rollout=-4"], "--rollout=-4: must be a positive integer"),
     (["--env=CartPole-v1", "--num_workers=1", "--policy_workers_per_policy=2"], "more than --num_workers=1"),
     (["--env=CartPole-v1", "--no_such_flag=1"], "unrecognized arguments: --no_such_flag=1"),
@@ -85,6 +87,33 @@ def test_bad_pbt_flags_create_nothing(tmp_path, args, expected):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "new")
+
+
+@pytest.mark.timeout(60)
+def test_train_dir_that_is_a_file_or_read_only(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    for train_dir, expected in [(str(a_file), "exists and is not a folder"),
+                                ("/proc/appo_train_dir", "/proc is not a writable folder")]:
+        result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={train_dir}", "--experiment=new",
+                                 "--env=CartPole-v1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"--train_dir={train_dir}" in lines[0] and expected in lines[0], result.stderr
+    assert a_file.read_text() == "not a folder"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_unavailable_device_creates_nothing(tmp_path, device):
+    result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
+                             "--env=CartPole-v1", f"--device={device}"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--device={device}: this machine has 0 CUDA device(s)" in lines[0], result.stderr
     assert not os.path.exists(tmp_path / "new")
 
 

@@ -174,6 +174,11 @@ def test_env_exceptions_cost_an_episode_not_the_worker(trainer):
                          "--train_for_env_steps=30000", *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "raised; rebuilding it" in result.stdout and "flaky env failed on purpose" in result.stdout
+    # The traceback is logged once per worker (2 here); every later failure is only counted.
+    assert 1 <= result.stdout.count("raised; rebuilding it") <= 2
+    assert result.stdout.count("Traceback (most recent call last)") == result.stdout.count("raised; rebuilding it")
+    errors = [int(n) for n in re.findall(r"env errors (\d+)", result.stdout)]
+    assert errors and errors[-1] > 10  # one failure every 500 steps of a worker: about 60 in 30k steps
 
 
 @pytest.mark.timeout(60)
