@@ -151,23 +151,26 @@ class Reports:
         rewards, lengths = zip(*self.episodes[policy])
         return float(np.mean(rewards)), float(np.mean(lengths))
 
+    def full_window_mean(self, policy: int, measure: str) -> float | None:
+        """Mean episode "reward" or "objective" over the last --stats_avg episodes; None until there are that many."""
+        values = self.objectives[policy] if measure == "objective" else [r for r, _ in self.episodes[policy]]
+        return float(np.mean(values)) if len(values) == self.cfg.stats_avg else None
+
     def objective(self, policy: int) -> float | None:
-        """Mean objective over a full window of --stats_avg episodes; None until the window is full."""
-        window = self.objectives[policy]
-        return float(np.mean(window)) if len(window) == window.maxlen else None
+        """What PBT ranks the policy by."""
+        return self.full_window_mean(policy, "objective")
+
+    def forget_objective(self, policy: int) -> None:
+        """After a policy's weights were replaced it is judged on episodes of its new weights only."""
+        self.objectives[policy].clear()
 
     def solved_policy(self, target: float, measure: str = "reward") -> tuple[int, float] | None:
-        """A policy whose mean reward (or objective) over a full window of --stats_avg episodes reaches target,
-        with that mean."""
+        """A policy whose full-window mean reward (or objective) reaches target, with that mean."""
         for policy in range(self.num_policies):
-            mean = self.objective(policy) if measure == "objective" else self._mean_reward_of_full_window(policy)
+            mean = self.full_window_mean(policy, measure)
             if mean is not None and mean >= target:
                 return policy, mean
         return None
-
-    def _mean_reward_of_full_window(self, policy: int) -> float | None:
-        window = self.episodes[policy]
-        return float(np.mean([r for r, _ in window])) if len(window) == window.maxlen else None
 
     def total_env_steps(self) -> int:
         return sum(self.env_steps)

@@ -231,7 +231,7 @@ class Runner:
             self.learner_inboxes[event.policy].put(("hyperparams", event.hyperparams_after))
             if event.donor is not None:
                 self.learner_inboxes[event.donor].put(("export", event.policy))
-                reports.objectives[event.policy].clear()  # judged again on episodes of its new weights
+                reports.forget_objective(event.policy)
         if events:
             self._publish_population()
             pbt.save_population(self.exp_dir, self.population)
