@@ -4,21 +4,23 @@ Each split writes observations straight into its trajectory slots, asks the infe
 policy acting in it for actions (by bumping a request counter in shared memory), and steps again when
 the answer counters catch up; meanwhile the other splits step (double buffering). Queue messages are
 only needed to wake a process that sleeps: an idle inference worker, or this actor when no split can
-step. After `--rollout` steps the filled slots go to the learners and fresh slots come from this
-worker's private free list. This module never imports torch: it sees the shared buffers as numpy arrays.
+step. After `--rollout` steps the filled slots go to the learners (`SamplerState.slot_owed`) and the split
+moves onto slots no learner owes a read. All of this worker's state that others depend on lives in
+shared memory, so a replacement started by the runner after a crash carries on in the same buffers.
+This module never imports torch: it sees the shared buffers as numpy arrays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 import traceback
-from collections import deque
 
 import gymnasium as gym
 import numpy as np
-from faster_fifo import Empty
+from faster_fifo import Empty, Full
 
 from appo.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
 from appo.cfg import env_kwargs, inference_group_of, lockstep, trajectories_per_iteration
@@ -29,6 +31,7 @@ from utils.process import init_worker
 from utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
+NO_CALL, MAKE, RESET, STEP = range(len(SamplerState.ENV_CALLS))
 
 
 class Split:
@@ -56,6 +59,7 @@ class ActorWorker:
         """`inference_queues[group][index]`: wake-up queues of the inference workers (cfg.inference_groups)."""
         self.cfg, self.layout, self.worker = cfg, layout, worker
         self.num_agents = layout.num_agents
+        self.envs_per_split = layout.agents_per_split // layout.num_agents
         self.env_kwargs = env_kwargs(cfg)
         self.traj, self.sampler = traj, sampler
         self.inbox = inbox
@@ -67,12 +71,16 @@ class ActorWorker:
         self.answered = sampler.answer_count[:, worker]
         self.learner_inboxes, self.report_queue = learner_inboxes, report_queue
         self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 1000 * worker)
-        self.free_slots: deque[int] = deque(layout.worker_slots(worker))
-        self.slot_refs = np.zeros(layout.num_slots, dtype=np.int64)  # learners still holding a slot
+        self.slot_range = layout.worker_slots(worker)
+        self.in_use = np.zeros(len(self.slot_range), dtype=bool)  # slots a split of this worker is filling
         self.timing = Timing()
         self.env_steps = 0
         self.env_errors = 0
         self.errors_seen: set[str] = set()  # distinct env errors already logged with their traceback
+        self.nonfinite_rewards = 0
+        self.nonfinite_reported: set[tuple[int, int]] = set()  # (split, env) already reported
+        # What this worker is inside (SamplerState.ENV_CALLS), for the runner's hang detection.
+        self.call, self.call_env, self.call_since = sampler.actor_call, sampler.actor_call_env, sampler.actor_call_since
         # (policy, return, length, PBT objective or None) of the episodes finished since the last report
         self.finished_episodes: list[tuple[int, float, int, float | None]] = []
         self.splits: list[Split] = []
@@ -109,10 +117,23 @@ class ActorWorker:
                     break
         return obs
 
+    def _calling(self, call: int, env: int) -> None:
+        """Record that this worker enters an env call (NO_CALL: left it), for the runner's hang detection;
+        `env` counts the worker's envs across splits."""
+        w = self.worker
+        self.call_env[w] = env
+        self.call_since[w] = time.monotonic()
+        self.call[w] = call
+
+    def _make_env(self, s: int, i: int) -> gym.Env:
+        self._calling(MAKE, s * self.envs_per_split + i)
+        return make_env(self.cfg.env, self.env_kwargs)
+
     def init_envs(self) -> None:
         traj, agents, a = self.traj, self.layout.agents_per_split, self.num_agents
-        self.splits = [Split([make_env(self.cfg.env, self.env_kwargs) for _ in range(agents // a)], a)
-                       for _ in range(self.layout.num_splits)]
+        self.sampler.actor_waiting[self.worker] = 0  # a predecessor that crashed may have left it raised
+        self.splits = [Split([self._make_env(s, i) for i in range(agents // a)], a)
+                       for s in range(self.layout.num_splits)]
         first = self.splits[0].envs[0]
         self.action_space = first.action_space
         # Fast paths for the common case: one agent, a plain Discrete action, a single Box observation.
@@ -123,7 +144,9 @@ class ActorWorker:
             self.sampler.agent_policy[self.worker, s] = self._initial_policies(s, agents)
             self._use_slots(s, self._take_slots(agents))
             for i, env in enumerate(split.envs):
+                self._calling(RESET, s * self.envs_per_split + i)
                 traj.write_obs(split.slots[i * a:(i + 1) * a], 0, self._first_obs(s, i, env))
+            self._calling(NO_CALL, 0)
             traj.rnn_states[split.slots, 0] = 0.0
             for i in range(len(split.envs) if self.shaping_keys else 0):
                 self._apply_shaping(s, i)
@@ -180,14 +203,10 @@ class ActorWorker:
         self.sampler.actor_waiting[self.worker] = 0
 
     def _apply_messages(self, timeout: float) -> None:
-        """Apply the slot releases in the inbox (learners send them); wake-ups need no action."""
-        try:
-            messages = self.inbox.get_many(block=timeout > 0, timeout=timeout)
-        except Empty:
-            return
-        for message in messages:
-            if message[0] == "release":
-                self._release(message[1])
+        """Sleep until a message comes (or the timeout passes). Messages are only wake-ups: from inference
+        ("wake": actions are written) or from a learner ("released": it has read slots of this worker)."""
+        with contextlib.suppress(Empty):
+            self.inbox.get_many(block=timeout > 0, timeout=timeout)
 
     # ---------------------------------------------------------------- stepping
     def _env_actions(self, actions: np.ndarray) -> list:
@@ -212,17 +231,24 @@ class ActorWorker:
         observations: list = []
         ended: list[tuple[int, int, dict]] = []  # (env, done code, the info of its last step)
         started = time.perf_counter()
+        w, call, call_env, first_env = self.worker, self.call, self.call_env, s * self.envs_per_split
+        self._calling(STEP, first_env)
         for i, env in enumerate(split.envs):
+            call_env[w] = first_env + i
             try:
                 obs, reward, terminated, truncated, info = env.step(env_actions[i])
                 if terminated or truncated:
                     ended.append((i, TERMINATED if terminated else TRUNCATED, info))
+                    call[w] = RESET
                     obs, _ = env.reset()
+                    call[w] = STEP
             except Exception:
-                obs, reward = self._rebuild_env(s, i), 0.0
+                obs, reward = self._rebuild_env(s, i), 0.0 if a == 1 else np.zeros(a)
                 ended.append((i, TERMINATED, {}))
+                self._calling(STEP, first_env + i)
             rewards.append(reward)
             observations.append(obs)
+        call[w] = NO_CALL
         self.timing.add("env_step", time.perf_counter() - started)
         if split.obs_rows:
             for row, obs in zip(split.obs_rows, observations):
@@ -233,6 +259,8 @@ class ActorWorker:
 
         if a > 1:
             rewards = np.concatenate(rewards).tolist()  # [envs][agents] -> one per env-agent
+        if not math.isfinite(sum(rewards)):
+            rewards = self._sanitize_rewards(s, rewards)
         traj.rewards[slots, t] = rewards
         episode_reward = split.episode_reward
         for j, reward in enumerate(rewards):
@@ -299,6 +327,22 @@ class ActorWorker:
         policies[dones] = self._draw_policies(int(dones.sum()))  # all agents of an env end together
         self.traj.policy_ids[self.splits[s].slots[dones], from_t:] = policies[dones, None]
 
+    def _sanitize_rewards(self, s: int, rewards: list[float]) -> list[float]:
+        """Non-finite rewards become 0 (learning from them would poison every statistic); each env that gives
+        one is logged once and every such reward counted (the status line shows the count)."""
+        clean = []
+        for j, reward in enumerate(rewards):
+            if not math.isfinite(reward):
+                self.nonfinite_rewards += 1
+                env = j // self.num_agents
+                if (s, env) not in self.nonfinite_reported:
+                    self.nonfinite_reported.add((s, env))
+                    log.warning("actor %d: env %d of split %d returned a non-finite reward (%s); it is stored as 0 "
+                                "(further ones from this env are only counted)", self.worker, env, s, reward)
+                reward = 0.0
+            clean.append(reward)
+        return clean
+
     def _rebuild_env(self, s: int, i: int) -> np.ndarray:
         """An env that raised loses its episode, not the worker: log it, build it anew, reset.
 
@@ -314,8 +358,9 @@ class ActorWorker:
                         "counted):\n%s", self.worker, i, s, traceback.format_exc())
         with contextlib.suppress(Exception):
             self.splits[s].envs[i].close()
-        env = make_env(self.cfg.env, self.env_kwargs)
+        env = self._make_env(s, i)
         self.splits[s].envs[i] = env
+        self._calling(RESET, s * self.envs_per_split + i)
         obs, _ = env.reset()
         return obs
 
@@ -334,27 +379,32 @@ class ActorWorker:
             sampler.request_count[policy, w, s] += 1  # publishes the request: written last
             group = self.inference_group[policy]
             if sampler.inference_idle[group, self.inference_index]:
-                self.inference_queues[group].put(("wake",))
+                with contextlib.suppress(Full):  # a full queue has wake-ups enough
+                    self.inference_queues[group].put_nowait(("wake",))
 
     # ---------------------------------------------------------------- trajectory slots
     def _finish_rollout(self, s: int) -> None:
-        """Hand the filled slots to the learners, then move the split onto fresh slots."""
-        traj, rollout = self.traj, self.layout.rollout
+        """Hand the filled slots to the learners, then move the split onto fresh slots.
+
+        The learner of every policy that acted in a slot owes it a read (`slot_owed`, set first); the message
+        that follows only saves the learner from finding it by its periodic scan."""
+        traj, rollout, owed = self.traj, self.layout.rollout, self.sampler.slot_owed
         filled = self.splits[s].slots
         if self.trajs_sent == 0:
             self.base_version = int(self.sampler.policy_version[0])
         self.trajs_sent += len(filled)
         if self.cfg.num_policies == 1:
-            self.slot_refs[filled] = 1
-            self.learner_inboxes[0].put(("traj", filled.tolist()))
+            sent = [(0, filled.tolist())]
         else:
             present = [set(traj.policy_ids[slot].tolist()) for slot in filled]
-            for slot, policies in zip(filled, present):
-                self.slot_refs[slot] = len(policies)
-            for policy in range(self.cfg.num_policies):
-                mine = [int(slot) for slot, policies in zip(filled, present) if policy in policies]
-                if mine:
-                    self.learner_inboxes[policy].put(("traj", mine))
+            sent = [(policy, [int(slot) for slot, policies in zip(filled, present) if policy in policies])
+                    for policy in range(self.cfg.num_policies)]
+        for policy, slots in sent:
+            if slots:
+                owed[policy, slots] = 1
+                with contextlib.suppress(Full):  # the learner's scan finds the slots anyway
+                    self.learner_inboxes[policy].put_nowait(("traj", slots))
+        self.in_use[filled - self.slot_range.start] = False
 
         fresh = self._wait_for_slots(len(filled), s)
         if fresh is None:  # stopping: nothing more will be learned from this split
@@ -380,11 +430,11 @@ class ActorWorker:
         Returns None when the run stops while waiting."""
         policies = self._acting_policies(s)
         start = time.perf_counter()
-        while (len(self.free_slots) < n or self.sampler.pause_collection[policies].any()
+        while (len(self._free_slots()) < n or self.sampler.pause_collection[policies].any()
                or self._learner_behind()):
             if self.sampler.stop[0]:
                 return None
-            self._apply_messages(timeout=0.05)  # releases come as messages; a pause ends by a flag
+            self._apply_messages(timeout=0.05)  # learners wake this worker when they release slots
             self._maybe_report()
         self.timing.add("wait_buffers", time.perf_counter() - start)
         return self._take_slots(n)
@@ -396,20 +446,21 @@ class ActorWorker:
         expected = self.base_version + self.trajs_sent // trajectories_per_iteration(self.cfg)
         return int(self.sampler.policy_version[0]) < expected
 
-    def _take_slots(self, n: int) -> np.ndarray:
-        return np.array([self.free_slots.popleft() for _ in range(n)], dtype=np.int64)
+    def _free_slots(self) -> np.ndarray:
+        """This worker's slots that no split fills and no learner owes a read (indices into slot_range)."""
+        owed = self.sampler.slot_owed[:, self.slot_range.start:self.slot_range.stop]
+        return np.flatnonzero(~(owed.any(axis=0) | self.in_use))
 
-    def _release(self, slots: list[int]) -> None:
-        for slot in slots:
-            self.slot_refs[slot] -= 1
-            if self.slot_refs[slot] == 0:
-                self.free_slots.append(slot)
+    def _take_slots(self, n: int) -> np.ndarray:
+        taken = self._free_slots()[:n]
+        self.in_use[taken] = True
+        return taken + self.slot_range.start
 
     # ---------------------------------------------------------------- reporting
     def _state(self) -> str:
         """What this worker is waiting for, for the runner's stall report."""
         waiting = [str(s) for s in range(len(self.splits)) if not self._answered(s)]
-        return f"splits waiting for actions [{','.join(waiting)}], {len(self.free_slots)} free slots"
+        return f"splits waiting for actions [{','.join(waiting)}], {len(self._free_slots())} free slots"
 
     def _maybe_report(self) -> None:
         if time.monotonic() - self.last_report > REPORT_INTERVAL_S:
@@ -422,10 +473,12 @@ class ActorWorker:
             "episodes": self.finished_episodes,
             "timing": self.timing.take(),
             "env_errors": self.env_errors,
+            "nonfinite": self.nonfinite_rewards,
             "state": self._state(),
         }))
         self.env_steps = 0
         self.env_errors = 0
+        self.nonfinite_rewards = 0
         self.finished_episodes = []
 
 

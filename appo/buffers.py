@@ -18,8 +18,9 @@ Trajectory slot layout (`num_slots` slots, `T = --rollout`):
     policy_versions [slot, T]                 version of the weights that chose the action
     policy_ids      [slot, T]                 which policy acted (agents are re-mapped per episode)
 
-Slots belong to actor workers in contiguous ranges, `slots_per_worker` each; a worker's free list
-is private to it and learners hand slots back with a message once they copied them.
+Slots belong to actor workers in contiguous ranges, `slots_per_worker` each. Who holds a slot is kept in
+shared memory, not in messages (`SamplerState.slot_owed`), so a worker that dies loses no slot: a slot
+is free when no learner still owes it a read, and a restarted learner finds every trajectory sent to it.
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ class SamplerState:
     becoming visible in program order, which x86-64 guarantees (TSO).
     """
 
+    ENV_CALLS = ("", "make", "reset", "step")  # values of actor_call
+
     def __init__(self, layout: Layout, num_policies: int, inference_workers: tuple[int, int] = (1, 1),
                  shaping_keys: tuple[str, ...] = ()):
         shape = (layout.num_workers, layout.num_splits, layout.agents_per_split)
@@ -180,6 +183,18 @@ class SamplerState:
         self.policy_version[:] = -1
         # Seqlock counter guarding the weights buffer (odd while the learner is writing).
         self.weights_seq = shared_array((num_policies,), np.int64)
+        # slot_owed[p, slot] = 1: the slot holds a finished trajectory that policy p's learner has not read yet.
+        # The actor sets it (before telling the learner) and the learner clears it once it has copied the slot;
+        # a slot is free for its actor when no policy owes it. Queue messages about slots are only hints.
+        self.slot_owed = shared_array((num_policies, layout.num_slots), np.uint8)
+        # What each actor is inside right now (ENV_CALLS index, 0 = none), which env, and since when
+        # (time.monotonic()): the runner replaces an actor stuck in one env call past --env_timeout_seconds.
+        self.actor_call = shared_array((layout.num_workers,), np.uint8)
+        self.actor_call_env = shared_array((layout.num_workers,), np.int32)
+        self.actor_call_since = shared_array((layout.num_workers,), np.float64)
+        # Counters a learner publishes with every iteration, so its replacement continues from them.
+        self.learner_env_steps = shared_array((num_policies,), np.int64)
+        self.learner_train_steps = shared_array((num_policies,), np.int64)
         # Set by the runner to stop every process.
         self.stop = shared_array((1,), np.uint8)
         # 1 while the learner of a policy has too much unprocessed experience.

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Experiment name; all outputs go to <train_dir>/<experiment>/.")
     add("--train_dir", type=str, default="train_dir", help="Folder that holds experiment folders.")
     add("--restart", type=str2bool, default=False,
-        help="Start the experiment over instead of resuming from its latest checkpoint.")
+        help="Start the experiment over instead of resuming from its latest checkpoint; the old experiment dir is "
+             "not deleted but renamed to <experiment>_before_restart_<YYYYmmdd-HHMMSS> next to it.")
     add("--seed", type=int, default=None,
         help="Seeds weights, env resets and action sampling. With one worker, split, policy and inference "
              "worker the run is then repeatable (the actor waits for each policy update).")
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Fail the run if an actor worker cannot create and reset its envs within this many seconds.")
     add("--stall_timeout_seconds", type=float, default=120.0,
         help="Fail the run, naming what each worker waits for, if no env step is made for this many seconds.")
+    add("--env_timeout_seconds", type=float, default=60.0,
+        help="An actor inside one env's step or reset (or making an env) for longer than this is killed and "
+             "replaced; the log names the worker, the env and the call.")
+    add("--max_worker_restarts", type=int, default=10,
+        help="A worker (actor, inference worker or learner) that dies is replaced, at most this many times per "
+             "worker within an hour; one more death stops the run with its cause. 0: stop at the first death.")
     add("--default_niceness", type=int, default=0, help="Niceness (Unix priority) of the worker processes.")
     add("--actor_sched_batch", type=str2bool, default=True,
         help="Linux: run actor workers under SCHED_BATCH, so an actor waking from env.step does not preempt the "
@@ -232,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--target_objective", type=float, default=None,
         help="Stop (and mark done) once a policy's mean objective (see --pbt_target_objective) over the last "
              "--stats_avg episodes reaches this, e.g. a goal rate that the shaped reward does not show.")
-    add("--save_every_sec", type=float, default=120.0, help="Seconds between periodic checkpoints.")
+    add("--save_every_sec", type=float, default=60.0,
+        help="Seconds between periodic checkpoints: what a crash of the main process (or the machine) can lose. A "
+             "learner that dies alone loses only the iteration it was training.")
     add("--keep_checkpoints", type=int, default=3, help="Checkpoints kept per policy; older ones are deleted.")
     add("--experiment_summaries_interval", type=float, default=10.0,
         help="Seconds between tensorboard summary writes.")
@@ -249,7 +258,8 @@ POSITIVE_INTS = [
     "benchmark_env_steps", "benchmark_samples", "learner_torch_threads",
 ]
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
-                   "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds"]
+                   "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds",
+                   "env_timeout_seconds"]
 # Flags that describe the model or the data layout; they must not change when resuming.
 ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies",
                       "encoder", "actor_critic_share_weights", "normalize_input", "normalize_returns"]
@@ -262,6 +272,8 @@ def validate(cfg: argparse.Namespace) -> None:
     for name in POSITIVE_FLOATS:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name}={getattr(cfg, name)}: must be positive")
+    if cfg.max_worker_restarts < 0:
+        raise ConfigError(f"--max_worker_restarts={cfg.max_worker_restarts}: must be 0 or more")
     if not 0 <= cfg.actor_niceness <= 19:
         raise ConfigError(f"--actor_niceness={cfg.actor_niceness}: must be within [0, 19]")
     if cfg.policy_workers_per_policy > cfg.num_workers:

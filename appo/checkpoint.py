@@ -1,8 +1,10 @@
 """Checkpoint files: `checkpoint_p<policy>/checkpoint_<version>_<env_steps>.pth`, written atomically.
 
 A checkpoint is written to a temporary name and renamed into place, so it is either complete or
-absent. `verify_checkpoint` checks a file's archive structure and CRCs without importing torch, so
-the runner can refuse a corrupt checkpoint before starting anything.
+absent; a disk that fills up or fails can still leave a damaged one. `latest_intact_checkpoint` checks
+archive structure and CRCs without importing torch and moves damaged files aside, so a resumed run
+starts from the newest checkpoint that loads instead of stopping. Weights that are not finite are never
+written: a run that diverged keeps its last good checkpoints.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import re
 import zipfile
 
-from appo.cfg import ConfigError
+from utils.logs import log
 
 _NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pth$")
 
@@ -40,19 +42,58 @@ def parse_name(path: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def verify_checkpoint(path: str) -> None:
+def free_path(path: str) -> str:
+    """`path`, or `path_1`, `path_2`, ... whichever is free first: moving something aside never replaces what
+    an earlier move kept."""
+    candidate, n = path, 0
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{path}_{n}"
+    return candidate
+
+
+def _damage(path: str) -> str | None:
+    """Why `path` cannot be a checkpoint (unreadable, not a zip archive, a bad CRC, no pickle), or None."""
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"{path}: corrupt checkpoint ({exc}); delete it or pass --restart=True") from exc
+            names = archive.namelist()
+    except Exception as exc:  # whatever stops zipfile reading it would stop torch.load too
+        return f"{type(exc).__name__}: {exc}"
     if bad is not None:
-        raise ConfigError(f"{path}: corrupt checkpoint (bad CRC in {bad}); delete it or pass --restart=True")
+        return f"bad CRC in {bad}"
+    if not any(name.endswith("data.pkl") for name in names):
+        return "no data.pkl in the archive"
+    return None
 
 
-def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, keep: int) -> str:
+def latest_intact_checkpoint(directory: str) -> str | None:
+    """The newest checkpoint in `directory` that is intact, or None. Damaged newer ones are renamed to
+    `<name>.corrupt` (one warning each), so neither this nor the keep-N rotation ever sees them again."""
+    for path in reversed(list_checkpoints(directory)):
+        damage = _damage(path)
+        if damage is None:
+            return path
+        aside = free_path(f"{path}.corrupt")
+        try:
+            os.rename(path, aside)
+            where = f"moved aside to {os.path.basename(aside)}"
+        except OSError as exc:
+            where = f"could not move it aside ({exc})"
+        log.warning("Skipping corrupt checkpoint %s (%s); %s", path, damage, where)
+    return None
+
+
+def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, keep: int) -> str | None:
+    """Write `state` as the newest checkpoint and keep the newest `keep`. None, and nothing written, if a
+    float tensor of `state["model"]` holds NaN or inf: resuming from it could never recover."""
     import torch
 
+    for name, tensor in state["model"].items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            log.error("%s: policy checkpoint not written: non-finite values in %s; keeping the previous checkpoints",
+                      directory, name)
+            return None
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"checkpoint_{version:09d}_{env_steps}.pth")
     tmp = f"{path}.tmp"

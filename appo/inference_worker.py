@@ -8,6 +8,10 @@ next RNN states into the same slots, and bumps the answer counters; actors aslee
 A worker serves one policy, or with --shared_inference_workers every policy (`cfg.inference_groups`): with
 several policies each split step asks every policy acting in it, and one process answering all of them
 saves a process wake-up per policy.
+
+Non-finite observations are set to 0 before the forward pass (in the batch and in the slots, so the
+learner trains on what the policy saw), logged once per env and counted. Everything a replacement
+needs after a crash is in shared memory: it answers whatever requests are pending.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from appo.buffers import WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
 from appo.cfg import inference_groups, inference_name
 from appo.model import ActorCritic
 from appo.weights import WeightsSubscriber
+from utils.logs import log
 from utils.process import init_worker
 from utils.timing import Timing
 
@@ -68,6 +73,8 @@ class InferenceWorker:
         self.samples = 0
         self.batches = 0
         self.requests = 0
+        self.nonfinite = 0
+        self.nonfinite_reported: set[tuple[int, int]] = set()  # (worker, env) already logged
         # Each forward pass has a fixed cost (0.2 ms of torch dispatch on CPU warm, several times that
         # with caches cold) whatever its size. With many (worker, split) streams sending requests, batches
         # of a few requests would spend most of the CPU on that cost, so a batch waits for a quarter of
@@ -156,7 +163,12 @@ class InferenceWorker:
         # one batch numpy's fancy indexing costs a fraction of torch's. Torch runs only the model.
         slots, steps = self._locate(local, requests)
         traj, device, model = self.traj, self.device, self.models[local]
-        obs = {key: torch.from_numpy(array[slots, steps]).to(device) for key, array in traj.obs.items()}
+        obs = {}
+        for key, array in traj.obs.items():
+            rows = array[slots, steps]
+            if rows.dtype.kind == "f" and not np.isfinite(rows).all():
+                rows = self._sanitize(key, array, rows, slots, steps)
+            obs[key] = torch.from_numpy(rows).to(device)
         rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
         params, values, next_rnn_states = model.forward_step(obs, rnn_states)
         dist = model.distribution(params)
@@ -172,6 +184,28 @@ class InferenceWorker:
         self.samples += len(slots)
         self.batches += 1
 
+    def _sanitize(self, key: str, array: np.ndarray, rows: np.ndarray, slots: np.ndarray, steps: np.ndarray
+                  ) -> np.ndarray:
+        """Zero the non-finite values of observation `key` in the batch and in the slots; log each env once."""
+        bad = ~np.isfinite(rows)
+        self.nonfinite += int(bad.sum())
+        rows = np.where(bad, 0, rows)
+        bad_rows = bad.reshape(len(rows), -1).any(axis=1)
+        array[slots[bad_rows], steps[bad_rows]] = rows[bad_rows]
+        agents_per_env = self.layout.num_agents
+        for slot in slots[bad_rows].tolist():
+            worker = self.layout.worker_of_slot(slot)
+            where = np.argwhere(self.sampler.cur_slot[worker] == slot)
+            if not len(where):
+                continue
+            split, agent = where[0].tolist()
+            env = split * (self.layout.agents_per_split // agents_per_env) + agent // agents_per_env
+            if (worker, env) not in self.nonfinite_reported:
+                self.nonfinite_reported.add((worker, env))
+                log.warning("%s: actor %d env %d returned a non-finite observation (field %r); it is set to 0 (further "
+                            "ones from this env are only counted)", self.name, worker, env, key)
+        return rows
+
     def _answer(self, requests: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         """Publish every served request (after all its results are written) and wake the actors that sleep."""
         local, rows, splits = requests
@@ -184,10 +218,10 @@ class InferenceWorker:
     def _report(self) -> None:
         versions = ", ".join(str(weights.version) for weights in self.weights)
         self.report_queue.put(("inference", self.name, {
-            "samples": self.samples, "batches": self.batches, "timing": self.timing.take(),
+            "samples": self.samples, "batches": self.batches, "timing": self.timing.take(), "nonfinite": self.nonfinite,
             "state": f"weights version {versions}",
         }))
-        self.samples = self.batches = self.requests = 0
+        self.samples = self.batches = self.requests = self.nonfinite = 0
 
 
 def run_inference_worker(cfg, layout, spaces, group, index, traj, sampler, wake_queue, actor_inboxes, report_queue,

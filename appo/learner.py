@@ -4,31 +4,42 @@ Each iteration takes `batch_size * num_batches_per_iteration` samples worth of t
 drops those older than `--max_policy_lag` versions, copies the rest out of shared memory (and hands the
 slots back to their actors at once), computes GAE or V-trace, runs `--ppo_epochs` passes of
 `--num_batches_per_iteration` minibatches, and publishes the new weights with version + 1.
+
+Non-finite values never reach the weights: non-finite observations and rewards in a batch become 0
+(counted), and an update whose loss or gradient is not finite is skipped (counted); a run of
+MAX_CONSECUTIVE_SKIPPED skipped updates stops the run, since the policy can no longer learn.
+
+A learner that dies is replaced by the runner; the replacement continues from the weights published last
+(see appo/weights.py), the optimizer state of the newest checkpoint, and every trajectory still owed to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import defaultdict
 
 import numpy as np
 import torch
-from faster_fifo import Empty
+from faster_fifo import Empty, Full
 from torch import Tensor
 
 from appo import losses
 from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
 from appo.cfg import trajectories_per_iteration
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from appo.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
 from appo.inference_worker import resolve_device
 from appo.model import ActorCritic
 from appo.pbt import pbt_dir
 from appo.policy import Policy
 from appo.weights import WeightsPublisher
 from utils.logs import log
-from utils.process import init_worker
+from utils.process import FatalError, init_worker
 from utils.timing import Timing
+
+MAX_CONSECUTIVE_SKIPPED = 100
+RESCAN_INTERVAL_S = 1.0
 
 
 def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
@@ -41,8 +52,9 @@ def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | 
 
 
 def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: dict[str, Tensor],
-               advantages: Tensor | None, targets: Tensor | None) -> dict[str, float]:
-    """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics.
+               advantages: Tensor | None, targets: Tensor | None) -> dict[str, float] | None:
+    """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics, or None when
+    the loss or the gradient is not finite: then nothing changes (weights, optimizer, return statistics).
 
     `mb` holds whole trajectories [n, T]; `values` are the behaviour values stored by inference (the
     old values of PPO's value clipping) and `bootstrap` the value after the last step. With GAE the
@@ -73,11 +85,16 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
     loss = policy_loss + cfg.value_loss_coeff * value_loss + cfg.exploration_loss_coeff * exploration_loss
 
     optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return None
     loss.backward()
     if cfg.max_grad_norm > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     else:
         grad_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
     optimizer.step()
     model.update_return_stats(targets if mask is None else targets[mask > 0])  # used from the next step on
 
@@ -95,6 +112,19 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg, mb: di
             "values": losses.masked_mean(values, mask).item(),
             "value_targets": losses.masked_mean(targets, mask).item(),
         }
+
+
+def replace_nonfinite_(batch: dict[str, Tensor]) -> int:
+    """Set non-finite observations (float keys) and rewards of a batch to 0 in place; returns how many."""
+    count = 0
+    for tensor in [*batch["obs"].values(), batch["rewards"]]:
+        if tensor.is_floating_point():
+            bad = ~torch.isfinite(tensor)
+            n = int(bad.sum())
+            if n:
+                tensor[bad] = 0.0
+                count += n
+    return count
 
 
 def forward_trajectories(model: ActorCritic, cfg, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -145,23 +175,51 @@ class Learner:
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + policy_id)
         self.policy = Policy(policy_id, cfg, spaces, self.device, hyperparams)
-        self._load()
+        checkpoint = self._load()
         self.weights = WeightsPublisher(self.policy.model, weights_name, sampler, policy_id)
         self.trajs_per_iteration = trajectories_per_iteration(cfg)
+        # Slots owed by this learner, oldest first: found by the actors' messages or by a scan of slot_owed.
         self.pending: list[int] = []
+        self.pending_set: set[int] = set()
         self.timing = Timing()
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.dropped = 0
         self.samples = 0
+        self.skipped_updates = 0  # non-finite loss or gradient, since the last report
+        self.consecutive_skipped = 0
+        self.nonfinite_inputs = 0
+        if sampler.policy_version[policy_id] >= 0:
+            self._continue_predecessor(checkpoint)
+        self._take_owed_slots()
+
+    def _continue_predecessor(self, checkpoint: str | None) -> None:
+        """This learner replaces one that died: take the weights it published last (newer than any checkpoint)
+        and the counters it published, keep the checkpoint's optimizer state, and say what was lost."""
+        policy, sampler, p = self.policy, self.sampler, self.policy_id
+        published = self.weights.load_published()
+        checkpoint_version = policy.version
+        policy.version = max(policy.version, int(sampler.policy_version[p])) + (published is None)
+        policy.env_steps = max(policy.env_steps, int(sampler.learner_env_steps[p]))
+        policy.train_steps = max(policy.train_steps, int(sampler.learner_train_steps[p]))
+        weights = (f"the weights it published last (version {published})" if published is not None else
+                   "the checkpoint's weights (it died while publishing)" if checkpoint else "fresh weights")
+        log.warning("policy %d: learner replaced; continues as version %d from %s with the optimizer state of %s; "
+                    "lost: the iteration it was training (up to %d samples)%s", p, policy.version, weights,
+                    f"checkpoint version {checkpoint_version}" if checkpoint else "a fresh optimizer",
+                    self.trajs_per_iteration * self.cfg.rollout,
+                    "" if checkpoint and published == checkpoint_version else
+                    " and the optimizer's moments since the checkpoint")
 
     # ---------------------------------------------------------------- checkpoints
-    def _load(self) -> None:
-        path = latest_checkpoint(self.checkpoint_dir)
+    def _load(self) -> str | None:
+        """Resume from the newest intact checkpoint, if any; returns its path."""
+        path = latest_intact_checkpoint(self.checkpoint_dir)
         if path is None:
-            return
+            return None
         self.policy.load_state_dict(load_checkpoint(path, self.device))
         log.info("policy %d: resumed from %s (version %d, %d env steps)", self.policy_id, path, self.policy.version,
                  self.policy.env_steps)
+        return path
 
     def save(self) -> None:
         policy = self.policy
@@ -172,7 +230,7 @@ class Learner:
     def run(self) -> None:
         self.weights.publish(self.policy.version)
         self._report()
-        last_save = last_report = time.monotonic()
+        last_save = last_report = last_scan = time.monotonic()
         # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
         backlog_limit = self.trajs_per_iteration + (
             self.cfg.num_minibatches_to_accumulate * self.cfg.batch_size // self.cfg.rollout)
@@ -189,8 +247,12 @@ class Learner:
                     and self.policy.env_steps < self.cfg.train_for_env_steps):
                 slots = self.pending[:self.trajs_per_iteration]
                 del self.pending[:self.trajs_per_iteration]
+                self.pending_set.difference_update(slots)
                 self.train_iteration(slots)
             now = time.monotonic()
+            if now - last_scan > RESCAN_INTERVAL_S:  # slots whose message was lost (a sender died, a full queue)
+                self._take_owed_slots()
+                last_scan = now
             if now - last_save > self.cfg.save_every_sec:
                 self.save()
                 last_save = now
@@ -206,11 +268,7 @@ class Learner:
         learner: ("adopt", path, donor, donor_version): take over the state that donor wrote to path."""
         kind = message[0]
         if kind == "traj":
-            if self.cfg.sampler_only:  # measuring the sampler: count and recycle at once
-                self._count_env_steps(torch.tensor(message[1], dtype=torch.long))
-                self._release(message[1])
-            else:
-                self.pending.extend(message[1])
+            self._take(message[1])
         elif kind == "hyperparams":
             self.policy.set_hyperparams(message[1])
         elif kind == "export":
@@ -219,6 +277,21 @@ class Learner:
             self._adopt(*message[1:])
         else:
             raise ValueError(f"learner {self.policy_id}: unknown message {kind!r}")
+
+    def _take(self, slots: list[int]) -> None:
+        """Queue the slots this learner owes a read and has not queued yet (a message may repeat what a scan
+        found, or name a slot already read)."""
+        owed = self.sampler.slot_owed[self.policy_id]
+        new = [slot for slot in slots if owed[slot] and slot not in self.pending_set]
+        if self.cfg.sampler_only:  # measuring the sampler: count and recycle at once
+            self._count_env_steps(torch.tensor(new, dtype=torch.long))
+            self._release(new)
+            return
+        self.pending.extend(new)
+        self.pending_set.update(new)
+
+    def _take_owed_slots(self) -> None:
+        self._take(np.flatnonzero(self.sampler.slot_owed[self.policy_id]).tolist())
 
     # ---------------------------------------------------------------- population-based training
     def _export(self, receiver: int) -> None:
@@ -267,6 +340,7 @@ class Learner:
                                                      batch["values"], cfg.gamma, cfg.reward_scale, cfg.reward_clip,
                                                      cfg.value_bootstrap)
             batch["dones"] = (done_codes > 0).float()
+            self.nonfinite_inputs += replace_nonfinite_(batch)
             if cfg.num_policies > 1:
                 batch["mask"] = valid[fresh].float().to(self.device)
         self._release(slots)
@@ -279,11 +353,13 @@ class Learner:
         return valid
 
     def _release(self, slots: list[int]) -> None:
-        by_worker: dict[int, list[int]] = defaultdict(list)
-        for slot in slots:
-            by_worker[self.layout.worker_of_slot(slot)].append(slot)
-        for worker, worker_slots in by_worker.items():
-            self.actor_inboxes[worker].put(("release", worker_slots))
+        """This learner has read the slots: clear what it owes and wake their actors (they may wait for slots)."""
+        if not slots:
+            return
+        self.sampler.slot_owed[self.policy_id, slots] = 0
+        for worker in {self.layout.worker_of_slot(slot) for slot in slots}:
+            with contextlib.suppress(Full):
+                self.actor_inboxes[worker].put_nowait(("released",))
 
     def train_iteration(self, slots: list[int]) -> None:
         policy = self.policy
@@ -308,12 +384,27 @@ class Learner:
                         model, policy.optimizer, cfg, mb,
                         None if advantages is None else advantages[mb_index],
                         None if targets is None else targets[mb_index])
-                    policy.train_steps += 1
-                    for key, value in step_stats.items():
+                    self._count_update(step_stats is not None)
+                    for key, value in (step_stats or {}).items():
                         self.stats[key].append(value)
             self.samples += n * cfg.rollout
             policy.version += 1
             self.weights.publish(policy.version)
+            self.sampler.learner_env_steps[self.policy_id] = policy.env_steps
+            self.sampler.learner_train_steps[self.policy_id] = policy.train_steps
+
+    def _count_update(self, applied: bool) -> None:
+        """Count applied and skipped (non-finite) updates; stop the run when updates keep failing."""
+        if applied:
+            self.policy.train_steps += 1
+            self.consecutive_skipped = 0
+            return
+        self.skipped_updates += 1
+        self.consecutive_skipped += 1
+        if self.consecutive_skipped >= MAX_CONSECUTIVE_SKIPPED:
+            raise FatalError(f"policy {self.policy_id}: the last {self.consecutive_skipped} updates had a non-finite "
+                             "loss or gradient and were skipped; the policy cannot learn (try a lower "
+                             "--learning_rate or --max_grad_norm; the last checkpoint has finite weights)")
 
     def _report(self) -> None:
         reducers = {"lag_min": np.min, "lag_max": np.max}
@@ -323,13 +414,13 @@ class Learner:
         self.report_queue.put(("learner", self.policy_id, {
             "stats": stats, "env_steps": policy.env_steps, "version": policy.version, "samples": self.samples,
             "dropped": self.dropped, "train_steps": policy.train_steps, "timing": self.timing.take(),
+            "skipped_updates": self.skipped_updates, "nonfinite_inputs": self.nonfinite_inputs,
             "device": str(self.device),
             "state": f"{len(self.pending)} trajectories pending (trains at {self.trajs_per_iteration}), "
                      f"pause={int(self.sampler.pause_collection[self.policy_id])}",
         }))
         self.stats.clear()
-        self.samples = 0
-        self.dropped = 0
+        self.samples = self.dropped = self.skipped_updates = self.nonfinite_inputs = 0
 
 
 def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,

@@ -45,7 +45,12 @@ class Reports:
         self.objectives = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
         self.show_objective = cfg.with_pbt or cfg.target_objective is not None
+        # Faults the run survived, since it started: env exceptions, non-finite rewards and observations (set to
+        # 0), learner updates skipped for a non-finite loss or gradient, and worker restarts per role.
         self.env_errors = 0
+        self.nonfinite_values = 0
+        self.skipped_updates = [0] * self.num_policies
+        self.restarts: dict[str, int] = {}  # set by the runner
         self.env_steps = list(initial_env_steps)  # trained + dropped env steps per policy (learner count)
         self.versions = [0] * self.num_policies
         self.dropped = [0] * self.num_policies
@@ -56,7 +61,7 @@ class Reports:
         self.timing: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.lag = {"min": float("inf"), "max": 0.0, "avg": []}
         self.device = "?"
-        self.states: dict[str, str] = {}  # last reported state of each worker, for stall reports
+        self.states: dict[str, tuple[str, float]] = {}  # last reported state of each worker and when, for stall reports
         self.last_progress = self.start  # when env steps last moved
         self.exp_dir = exp_dir
         self._writers: list | None = None
@@ -74,7 +79,7 @@ class Reports:
 
     # ---------------------------------------------------------------- intake
     def on_actor(self, worker: int, data: dict) -> None:
-        self.states[f"actor_{worker}"] = data["state"]
+        self.states[f"actor_{worker}"] = (data["state"], time.monotonic())
         self._add_timing("actor", data["timing"])
         if data["env_steps"] > 0:
             self.last_progress = time.monotonic()
@@ -88,6 +93,7 @@ class Reports:
                 self.inference_obs = self.inference_batches = 0
         self.sampled_env_steps += data["env_steps"]
         self.env_errors += data["env_errors"]
+        self.nonfinite_values += data["nonfinite"]
         for policy, reward, length, objective in data["episodes"]:
             self.episodes[policy].append((reward, length))
             self.episodes_total[policy] += 1
@@ -95,16 +101,19 @@ class Reports:
                 self.objectives[policy].append(objective)
 
     def on_inference(self, name: str, data: dict) -> None:
-        self.states[name] = data["state"]
+        self.states[name] = (data["state"], time.monotonic())
         self.inference_obs += data["samples"]
         self.inference_batches += data["batches"]
+        self.nonfinite_values += data["nonfinite"]
         self._add_timing("inference", data["timing"])
 
     def on_learner(self, policy: int, data: dict) -> None:
-        self.states[f"learner_p{policy}"] = data["state"]
+        self.states[f"learner_p{policy}"] = (data["state"], time.monotonic())
         self.env_steps[policy] = data["env_steps"]
         self.versions[policy] = data["version"]
         self.dropped[policy] += data["dropped"]
+        self.skipped_updates[policy] += data["skipped_updates"]
+        self.nonfinite_values += data["nonfinite_inputs"]
         self.samples_total[policy] += data["samples"]
         self.sample_history[policy].append((time.monotonic(), self.samples_total[policy]))
         stats = data["stats"]
@@ -181,6 +190,13 @@ class Reports:
         parts = [f"FPS ({fps}) | env steps {self.total_env_steps()}"]
         if self.env_errors:
             parts[0] += f", env errors {self.env_errors} (episodes lost, envs rebuilt)"
+        if self.nonfinite_values:
+            parts[0] += f", non-finite values {self.nonfinite_values} (set to 0)"
+        if any(self.skipped_updates):
+            parts[0] += f", updates skipped (non-finite) {sum(self.skipped_updates)}"
+        restarts = ", ".join(f"{role} {n}" for role, n in sorted(self.restarts.items()) if n)
+        if restarts:
+            parts[0] += f", restarts: {restarts}"
         for p in range(self.num_policies):
             stats = self.learner_stats[p]
             episode = self.mean_episode(p)
@@ -222,6 +238,12 @@ class Reports:
                 writer.add_scalar(f"{group}/{key}", value, step)
             for name, mb in memory_mb.items():
                 writer.add_scalar(f"memory/{name}_mb", mb, step)
+            writer.add_scalar("faults/skipped_updates", self.skipped_updates[p], step)
+            if p == 0:  # run-wide counts go with the first policy
+                writer.add_scalar("faults/env_errors", self.env_errors, step)
+                writer.add_scalar("faults/nonfinite_values", self.nonfinite_values, step)
+                for role in ("actor", "inference", "learner"):
+                    writer.add_scalar(f"faults/restarts_{role}", self.restarts.get(role, 0), step)
             if self.hyperparams is not None:
                 self.write_pbt_summaries(p)
 

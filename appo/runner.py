@@ -1,5 +1,6 @@
-"""The runner (main process): builds shared buffers and queues, starts every worker, aggregates their
-reports, decides when to stop, and always joins its children and removes its shared memory.
+"""The runner (main process): builds shared buffers and queues, starts every worker (through the
+supervisor), replaces the ones that die or hang, aggregates their reports, decides when to stop, and
+always joins its children and removes its shared memory.
 
 The main process never imports torch: workers are forked from it, and only the inference and
 learner processes import torch after the fork (actors stay light, CUDA is never initialised here).
@@ -8,11 +9,8 @@ learner processes import torch after the fork (actors stay light, CUDA is never 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import multiprocessing
 import os
-import pickle
 import random
 import secrets
 import signal
@@ -20,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 import psutil
-from faster_fifo import Empty, Queue
+from faster_fifo import Empty
 
 from appo import pbt
 from appo.buffers import (
@@ -32,17 +30,12 @@ from appo.buffers import (
     weights_segment_name,
 )
 from appo.cfg import inference_groups, inference_name, lockstep
+from appo.supervisor import Death, Supervisor
 from envs import EnvInfo
 from utils.logs import log
-from utils.process import start_component
+from utils.queues import forget_waiters, make_queue, release_if_held_by
 
 SHUTDOWN_SECONDS = 8.0
-
-
-def make_queue(max_size_bytes: int = 1_000_000) -> Queue:
-    """A faster-fifo queue with plain pickle: the default ForkingPickler costs ~10 us more per message."""
-    return Queue(max_size_bytes=max_size_bytes, loads=pickle.loads,
-                 dumps=functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
@@ -73,24 +66,24 @@ class Runner:
                                  for _ in groups]
         self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
-        self.processes: list[multiprocessing.Process] = []
+        self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
         self.population: list[pbt.Member] | None = None
         if cfg.with_pbt:
             self.population = pbt.restore_population(exp_dir, cfg, env.reward_shaping)
             self.pbt_settings = pbt.Settings.from_cfg(cfg)
             self.pbt_rng = random.Random(cfg.seed)
             self._publish_population()
-        self.ready: set[str] = set()
         self.interrupted = False
-        self.last_error: str | None = None
 
     # ---------------------------------------------------------------- processes
-    def _spawn(self, name: str, module: str, function: str, *args) -> None:
-        context = multiprocessing.get_context("fork")
-        process = context.Process(target=start_component, name=name,
-                                  args=(name, self.report_queue, module, function, os.getpid(), *args), daemon=True)
-        process.start()
-        self.processes.append(process)
+    def _queues(self) -> list[tuple[str, object]]:
+        """Every queue with a readable name (for the repair after a death, see utils/queues.py)."""
+        named = [("report queue", self.report_queue)]
+        named += [(f"actor_{w} inbox", q) for w, q in enumerate(self.actor_inboxes)]
+        named += [(f"learner_p{p} inbox", q) for p, q in enumerate(self.learner_inboxes)]
+        named += [(f"{inference_name(self.cfg, g, i)} wake-up queue", q)
+                  for g, queues in enumerate(self.inference_queues) for i, q in enumerate(queues)]
+        return named
 
     def start(self) -> None:
         removed = remove_orphan_segments()
@@ -99,20 +92,29 @@ class Runner:
                      ", ".join(removed))
         cfg, layout = self.cfg, self.layout
         weights_names = [weights_segment_name(self.run_token, p) for p in range(cfg.num_policies)]
+        # Each worker: how to start it (arguments taken at every start) and which flags in shared memory its
+        # death may leave raised.
+        add, sampler = self.supervisor.add, self.sampler
         for p in range(cfg.num_policies):
-            hyperparams = None if self.population is None else self.population[p].hyperparams
-            self._spawn(f"learner_p{p}", "appo.learner", "run_learner", cfg, layout, self.spaces, p, self.traj,
-                        self.sampler, self.learner_inboxes, self.actor_inboxes, self.report_queue, weights_names[p],
-                        self.exp_dir, hyperparams)
+            add(f"learner_p{p}", "appo.learner", "run_learner", lambda p=p: (
+                cfg, layout, self.spaces, p, self.traj, sampler, self.learner_inboxes, self.actor_inboxes,
+                self.report_queue, weights_names[p], self.exp_dir,
+                None if self.population is None else self.population[p].hyperparams),
+                cleanup=lambda p=p: sampler.pause_collection.__setitem__(p, 0), inbox=self.learner_inboxes[p])
         for g in range(len(self.inference_queues)):
             for i in range(cfg.policy_workers_per_policy):
-                self._spawn(inference_name(cfg, g, i), "appo.inference_worker", "run_inference_worker", cfg, layout,
-                            self.spaces, g, i, self.traj, self.sampler, self.inference_queues[g][i],
-                            self.actor_inboxes, self.report_queue, weights_names)
+                add(inference_name(cfg, g, i), "appo.inference_worker", "run_inference_worker", lambda g=g, i=i: (
+                    cfg, layout, self.spaces, g, i, self.traj, sampler, self.inference_queues[g][i],
+                    self.actor_inboxes, self.report_queue, weights_names),
+                    # actors must stop sending wake-ups to a queue nobody reads
+                    cleanup=lambda g=g, i=i: sampler.inference_idle.__setitem__((g, i), 0),
+                    inbox=self.inference_queues[g][i])
         for w in range(cfg.num_workers):
-            self._spawn(f"actor_{w}", "appo.actor_worker", "run_actor_worker", cfg, layout, w, self.traj,
-                        self.sampler, self.actor_inboxes[w], self.inference_queues, self.learner_inboxes,
-                        self.report_queue)
+            add(f"actor_{w}", "appo.actor_worker", "run_actor_worker", lambda w=w: (
+                cfg, layout, w, self.traj, sampler, self.actor_inboxes[w], self.inference_queues,
+                self.learner_inboxes, self.report_queue),
+                cleanup=lambda w=w: (sampler.actor_waiting.__setitem__(w, 0), sampler.actor_call.__setitem__(w, 0)),
+                inbox=self.actor_inboxes[w])
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> Outcome:
@@ -172,30 +174,84 @@ class Runner:
             elif kind == "learner":
                 self.reports.on_learner(message[1], message[2])
             elif kind == "ready":
-                self.ready.add(message[1])
-            elif kind == "error":
-                self.last_error = f"{message[1]} crashed:\n{message[2]}"
+                self.supervisor.on_ready(message[1])
+            elif kind in ("error", "fatal"):
+                self.supervisor.on_error(message[1], message[2], fatal=kind == "fatal")
+
+    # ---------------------------------------------------------------- supervision
+    def _supervise(self) -> Outcome | None:
+        """Replace every worker that died or hangs; an Outcome when the run cannot go on."""
+        self._kill_hung_actors()
+        deaths = self.supervisor.deaths()
+        if not deaths:
+            return None
+        self._drain_reports(timeout=0.0)  # a crash report is sent just before the exit
+        for death in self.supervisor.deaths():
+            worker = death.worker
+            if death.permanent:
+                what = "stopped the run" if worker.fatal else "crashed while starting (a replacement would too)"
+                return Outcome(f"{worker.name} {what}: {death.cause}", completed=False, failed=True)
+            if not self.supervisor.may_restart(worker):
+                return Outcome(f"{worker.name} died more than --max_worker_restarts={self.cfg.max_worker_restarts} "
+                               f"times within an hour; last cause: {death.cause}", completed=False, failed=True)
+            self._recover_from(death)
+        return None
+
+    def _recover_from(self, death: Death) -> None:
+        """Undo what the dead worker may have left half done in shared memory, then start its replacement."""
+        worker = death.worker
+        for name, queue in self._queues():
+            if release_if_held_by(queue, worker.process.pid):
+                log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked", worker.name,
+                            name)
+        forget_waiters(worker.inbox)
+        worker.cleanup()
+        self.supervisor.restart(worker)
+        self.reports.restarts = self.supervisor.restart_counts()
+        log.warning("%s died (%s); replaced it (restart %d of this worker, at most %d per hour)", worker.name,
+                    death.cause, len(worker.restarts), self.cfg.max_worker_restarts)
+
+    def _kill_hung_actors(self) -> None:
+        """An actor inside one env call for longer than --env_timeout_seconds is killed (and then replaced)."""
+        sampler, now = self.sampler, time.monotonic()
+        for w in range(self.cfg.num_workers):
+            call, since = int(sampler.actor_call[w]), float(sampler.actor_call_since[w])
+            worker = self.supervisor.workers[f"actor_{w}"]
+            if call and now - since > self.cfg.env_timeout_seconds and not worker.killed_because:
+                self.supervisor.kill(worker.name, f"stuck for {now - since:.0f} s in env.{sampler.ENV_CALLS[call]} of "
+                                     f"its env {int(sampler.actor_call_env[w])} (--env_timeout_seconds="
+                                     f"{self.cfg.env_timeout_seconds:g})")
+
+    def _blocked_in(self) -> str:
+        """What every worker is doing, for the stall report: actors' current env call, the others' last report."""
+        now = time.monotonic()
+        states = {name: f"{state} (reported {now - when:.0f} s ago)"
+                  for name, (state, when) in self.reports.states.items()}
+        for w in range(self.cfg.num_workers):
+            call = int(self.sampler.actor_call[w])
+            if call:
+                since = now - float(self.sampler.actor_call_since[w])
+                states[f"actor_{w}"] = (f"inside env.{self.sampler.ENV_CALLS[call]} of env "
+                                        f"{int(self.sampler.actor_call_env[w])} for {since:.0f} s")
+        return "; ".join(f"{name}: {state}" for name, state in sorted(states.items()))
 
     def _check_stop(self, elapsed: float) -> Outcome | None:
         cfg, reports = self.cfg, self.reports
-        if self.last_error is not None:
-            return Outcome(self.last_error, completed=False, failed=True)
-        for process in self.processes:
-            if process.exitcode is not None:
-                return Outcome(f"{process.name} exited unexpectedly with code {process.exitcode}",
-                               completed=False, failed=True)
-        actors_ready = sum(name.startswith("actor_") for name in self.ready)
-        if actors_ready < cfg.num_workers and elapsed > cfg.reset_timeout_seconds:
-            return Outcome(f"only {actors_ready} of {cfg.num_workers} actor workers created and reset their envs "
-                           f"within --reset_timeout_seconds={cfg.reset_timeout_seconds}", completed=False,
-                           failed=True)
+        outcome = self._supervise()
+        if outcome is not None:
+            return outcome
+        late = self.supervisor.not_ready_after("actor", cfg.reset_timeout_seconds)
+        if late:
+            return Outcome(f"{', '.join(late)} did not create and reset its envs within --reset_timeout_seconds="
+                           f"{cfg.reset_timeout_seconds:g} of starting; states: {self._blocked_in()}",
+                           completed=False, failed=True)
+        actors_ready = self.supervisor.ready_count("actor")
         if self.interrupted:
             return Outcome("interrupted", completed=False)
         stalled = time.monotonic() - reports.last_progress
         if actors_ready == cfg.num_workers and stalled > cfg.stall_timeout_seconds:
-            states = "; ".join(f"{name}: {state}" for name, state in sorted(reports.states.items()))
-            return Outcome(f"no env step for {stalled:.0f} s (--stall_timeout_seconds); worker states: {states}",
-                           completed=False, failed=True)
+            return Outcome(f"no env step for {stalled:.0f} s (--stall_timeout_seconds); worker states: "
+                           f"{self._blocked_in()}", completed=False, failed=True)
         if cfg.benchmark:  # the budgets count the measured period only, so it is never empty
             _, env_steps, samples = reports.measured()
             if env_steps >= cfg.benchmark_env_steps:
@@ -249,7 +305,7 @@ class Runner:
 
     def _memory_mb(self) -> dict[str, float]:
         memory = {"runner": psutil.Process().memory_info().rss / 2**20}
-        for process in self.processes:
+        for process in self.supervisor.processes():
             with contextlib.suppress(psutil.NoSuchProcess, ValueError):
                 memory[process.name] = psutil.Process(process.pid).memory_info().rss / 2**20
         return memory
@@ -258,19 +314,7 @@ class Runner:
     def shutdown(self) -> None:
         """Stop everyone (learners save a checkpoint), join with a deadline, free shared memory."""
         self.sampler.stop[0] = 1
-        deadline = time.monotonic() + SHUTDOWN_SECONDS
-        for process in self.processes:
-            while process.is_alive() and time.monotonic() < deadline:
-                self._drain_reports(timeout=0.0)
-                process.join(timeout=0.05)
-        for process in self.processes:
-            if process.is_alive():
-                log.warning("%s did not stop in time; terminating it", process.name)
-                process.terminate()
-                process.join(timeout=1.0)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        self.supervisor.join_all(time.monotonic() + SHUTDOWN_SECONDS, lambda: self._drain_reports(timeout=0.0))
         self._drain_reports(timeout=0.0)
         for p in range(self.cfg.num_policies):
             unlink_segment(weights_segment_name(self.run_token, p))

@@ -1,17 +1,20 @@
 """`python -m appo.train --env=CartPole-v1 --experiment=NAME`: train, or resume, an experiment.
 
-Everything that can be wrong with the input (flags, env id, saved cfg.json, checkpoints) is checked
-before the experiment dir is touched; each problem ends the program with one line and exit code 2.
+Everything that can be wrong with the input (flags, env id, saved cfg.json, the CPU) is checked before
+the experiment dir is touched; each problem ends the program with one line and exit code 2. A corrupt
+checkpoint is not such a problem: it is moved aside and the newest intact one is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import shutil
+import platform
 import subprocess
 import sys
 import tempfile
+import time
 
 from appo.buffers import Layout
 from appo.cfg import (
@@ -24,7 +27,7 @@ from appo.cfg import (
     resolve,
     save_cfg,
 )
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name, verify_checkpoint
+from appo.checkpoint import checkpoint_dir, free_path, latest_intact_checkpoint, list_checkpoints, parse_name
 from appo.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
@@ -35,17 +38,13 @@ EXIT_BAD_INPUT = 2
 def prepare(cfg: argparse.Namespace, given: set[str]
             ) -> tuple[argparse.Namespace, EnvInfo, list[str], list[int]] | None:
     """Validate everything, then (re)create the experiment dir. None means: already finished."""
+    check_platform()
     exp_dir = experiment_dir(cfg)
     notes: list[str] = []
     resuming = not cfg.restart and os.path.exists(os.path.join(exp_dir, "cfg.json"))
-    initial_env_steps = [0] * cfg.num_policies  # --num_policies cannot change on resume
     if resuming:
         cfg, notes = merge_resumed(cfg, given, load_saved_cfg(os.path.join(exp_dir, "cfg.json")))
-        for p in range(cfg.num_policies):
-            latest = latest_checkpoint(checkpoint_dir(exp_dir, p))
-            if latest is not None:
-                verify_checkpoint(latest)
-                initial_env_steps[p] = parse_name(latest)[1]
+        cfg.restart = False  # a saved --restart=True told the run that wrote cfg.json to start over, not this one
         if cfg.with_pbt:
             try:
                 load_population(exp_dir, cfg.num_policies)
@@ -62,11 +61,43 @@ def prepare(cfg: argparse.Namespace, given: set[str]
 
     check_train_dir(cfg.train_dir)
     check_device(cfg.device)
+    # Everything is valid: only now does the experiment dir change.
     if cfg.restart and os.path.exists(exp_dir):
-        shutil.rmtree(exp_dir)
+        aside = free_path(f"{os.path.normpath(exp_dir)}_before_restart_{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(exp_dir, aside)
+        log.info("Restart: moved the old experiment %s aside to %s; starting over", exp_dir, aside)
+    # --num_policies cannot change on resume
+    initial_env_steps = resume_env_steps(exp_dir, cfg.num_policies) if resuming else [0] * cfg.num_policies
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
+
+
+def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:
+    """Each policy's env steps in its newest intact checkpoint (corrupt newer ones are moved aside); 0 for a
+    policy without one, which then starts from scratch."""
+    env_steps = [0] * num_policies
+    for p in range(num_policies):
+        directory = checkpoint_dir(exp_dir, p)
+        had_checkpoints = bool(list_checkpoints(directory))
+        intact = latest_intact_checkpoint(directory)
+        if intact is not None:
+            env_steps[p] = parse_name(intact)[1]
+        elif had_checkpoints:
+            log.warning("Policy %d: every checkpoint in %s is corrupt (all moved aside); it starts from scratch",
+                        p, directory)
+    return env_steps
+
+
+def check_platform() -> None:
+    """Only x86-64. The shared-memory request/answer counters and the weights seqlock are plain stores read by
+    other processes; they rely on x86-64 making stores visible in program order (TSO). A weakly ordered CPU
+    (ARM64) may show a counter before the data it publishes (docs/ARCHITECTURE.md, "Memory order")."""
+    machine = platform.machine()
+    if machine.lower() not in ("x86_64", "amd64"):
+        raise ConfigError(f"this CPU ({machine or 'unknown'}) is not x86-64: appo's shared-memory counters rely on "
+                          "x86-64 store order, which weakly ordered CPUs such as ARM64 do not give, so it runs only "
+                          "on x86-64 for now")
 
 
 def check_train_dir(train_dir: str) -> None:
@@ -99,13 +130,31 @@ def check_device(device: str) -> None:
                           f"{'--device=cuda:0 to cuda:' + str(count - 1) + ', ' if count else ''}--device=cpu or auto")
 
 
+class _KeptForLogFile(logging.StreamHandler):
+    """Shows what `prepare` logs on stderr at once and keeps it: log.txt can only be opened after `prepare`
+    (a restart moves the old one away), and it should say which checkpoints were skipped."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        super().emit(record)
+
+
 def main(argv: list[str] | None = None) -> int:
+    kept = _KeptForLogFile()
+    log.addHandler(kept)
+    log.setLevel(logging.INFO)
     try:
         cfg, given = parse_args(argv)
         prepared = prepare(cfg, given)
     except (ConfigError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        log.removeHandler(kept)
     exp_dir = experiment_dir(cfg)
     if prepared is None:
         print(f"Experiment {exp_dir} is already finished (delete {os.path.join(exp_dir, 'done')} to train it "
@@ -113,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg, info, notes, initial_env_steps = prepared
     setup_logging(os.path.join(exp_dir, "log.txt"))
+    for handler in log.handlers:
+        if isinstance(handler, logging.FileHandler):  # the console has shown them already
+            for record in kept.records:
+                handler.handle(record)
     for note in notes:
         log.info("Resume override: %s", note)
 

@@ -4,6 +4,9 @@ The learner copies its float state (parameters and buffers) into one flat named 
 segment guarded by a seqlock (`SamplerState.weights_seq`: odd while a copy is in progress), then
 bumps `SamplerState.policy_version`. Inference workers notice the version move on their next batch
 and copy the weights in without blocking the learner; a torn copy is detected and retried.
+
+The segment outlives a learner that dies: its replacement attaches to it and starts from the weights
+published last, which are newer than any checkpoint.
 """
 
 from __future__ import annotations
@@ -39,8 +42,24 @@ class WeightsPublisher(_FlatWeights):
     """Learner side: owns the write end of one policy's weights segment."""
 
     def __init__(self, model: nn.Module, name: str, sampler: SamplerState, policy_id: int):
-        super().__init__(model, create_segment(name, self.nbytes(model)))
+        # A version >= 0 means a predecessor of this learner made the segment and published into it.
+        predecessor = sampler.policy_version[policy_id] >= 0
+        super().__init__(model, attach_segment(name) if predecessor else create_segment(name, self.nbytes(model)))
         self.sampler, self.policy_id = sampler, policy_id
+
+    @torch.no_grad()
+    def load_published(self) -> int | None:
+        """Copy the weights a predecessor published last into the model and return their version; None when
+        there are none, or when it died in the middle of writing them (odd seqlock; the counter is evened)."""
+        version, seq = int(self.sampler.policy_version[self.policy_id]), self.sampler.weights_seq
+        if seq[self.policy_id] % 2:
+            seq[self.policy_id] += 1
+            return None
+        if version < 0:
+            return None
+        for view, tensor in zip(self.views, self.tensors):
+            tensor.copy_(view.view_as(tensor))
+        return version
 
     @torch.no_grad()
     def publish(self, version: int) -> None:

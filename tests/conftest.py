@@ -1,4 +1,4 @@
-"""Helpers for tests that run the real trainer as a subprocess."""
+"""Helpers for tests that run the real trainer as a subprocess, or drive real learners in-process."""
 
 import os
 import re
@@ -6,8 +6,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
+from faster_fifo import Queue
+
+from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment
+from appo.cfg import build_parser, resolve
+from envs import make_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,3 +70,44 @@ def last_mean_reward(output: str, policy: int = 0) -> float:
     rewards = re.findall(rf"p{policy}: [^|]*?reward (-?[0-9.]+) length", output)
     assert rewards, f"no reward reported in:\n{output[-2000:]}"
     return float(rewards[-1])
+
+
+class LearnerRig:
+    """The shared buffers and queues of a two-policy CartPole run (no processes), with random trajectories in
+    every slot; `learner(p)` builds a real learner of policy p over them (again, to play its replacement)."""
+
+    def __init__(self, exp_dir: str):
+        self.cfg = resolve(build_parser().parse_args(
+            ["--env=CartPole-v1", "--num_policies=2", "--num_workers=1", "--num_envs_per_worker=4", "--rollout=8",
+             "--batch_size=32", "--num_batches_per_iteration=1", "--seed=1", "--device=cpu"]))
+        env = make_env(self.cfg.env)
+        self.spaces = (env.observation_space, env.action_space)
+        self.layout = Layout.from_cfg(self.cfg, *self.spaces)
+        self.traj, self.sampler = TrajBuffers(self.layout), SamplerState(self.layout, 2)
+        self.inboxes, self.actor_inbox = [Queue(), Queue()], Queue()
+        self.names = [f"/appo_test_{os.getpid()}_p{p}" for p in range(2)]
+        self.exp_dir = exp_dir
+        rng = np.random.default_rng(0)
+        self.traj.obs["obs"][:] = rng.normal(size=self.traj.obs["obs"].shape)
+        self.traj.actions[:] = rng.integers(0, 2, size=self.traj.actions.shape)
+        self.traj.rewards[:] = 1.0
+
+    def learner(self, policy: int):
+        from appo.learner import Learner
+
+        return Learner(self.cfg, self.layout, self.spaces, policy, self.traj, self.sampler, self.inboxes,
+                       [self.actor_inbox], Queue(), self.names[policy], self.exp_dir)
+
+
+@pytest.fixture
+def learner_rig(tmp_path):
+    rig = LearnerRig(str(tmp_path))
+    yield rig
+    for name in rig.names:
+        unlink_segment(name)
+
+
+@pytest.fixture
+def learners(learner_rig):
+    """Two real learners of a two-policy CartPole run, and the trajectory buffers they read."""
+    return [learner_rig.learner(p) for p in range(2)], learner_rig.traj

@@ -5,6 +5,8 @@ import time
 import gymnasium as gym
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from envs.multi_agent import RendezvousEnv
+
 
 class FlakyCartPole(CartPoleEnv):
     """CartPole whose step raises every 500th call."""
@@ -42,3 +44,43 @@ class HangingCartPole(CartPoleEnv):
 
 
 gym.register("HangingCartPole-v0", entry_point=HangingCartPole, max_episode_steps=500)
+
+
+class NaNCartPole(CartPoleEnv):
+    """CartPole that returns a NaN observation, or a NaN or infinite reward, once in 1000 steps (per env)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.steps += 1
+        if self.steps % 1000 == 500:
+            obs = obs.copy()
+            obs[1] = float("nan")
+        elif self.steps % 1000 == 0:
+            reward = float("nan") if self.steps % 2000 else float("inf")
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("NaNCartPole-v0", entry_point=NaNCartPole, max_episode_steps=500)
+
+
+class FlakyRendezvous(RendezvousEnv):
+    """The built-in multi-agent env, whose step raises every 300th call (per env)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls % 300 == 0:
+            raise RuntimeError("flaky multi-agent env failed on purpose")
+        return super().step(actions)
+
+
+def make_flaky_rendezvous(**kwargs) -> FlakyRendezvous:
+    """--env=tests.flaky_envs:make_flaky_rendezvous (a plain function keeps num_agents visible, gym.make would not)."""
+    return FlakyRendezvous(**kwargs)

@@ -42,25 +42,57 @@ def answer(worker, s: int) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_rollout_end_takes_slots_a_learner_released_meanwhile():
-    """The split that ends its rollout needs exactly the slots a release waiting in the inbox frees."""
+def test_a_rollout_end_takes_slots_no_learner_owes_a_read():
+    """The slots a learner still owes a read are not reused; once it clears them, the ending split takes them."""
     worker, layout, queues = make_worker()
-    held_by_learner = list(worker.free_slots)  # every spare slot is at the learner
-    worker.free_slots.clear()
-    worker.slot_refs[held_by_learner] = 1
-    queues["inbox"].put(("release", held_by_learner))
+    spare = worker._free_slots() + layout.worker_slots(0).start
+    worker.sampler.slot_owed[0, spare] = 1  # every spare slot is at the learner
     split = worker.splits[0]
     split.t = layout.rollout - 1
     before = worker.sampler.cur_slot[0, 0].copy()
+    released = spare[:len(before)]
+    worker.sampler.slot_owed[0, released] = 0  # the learner has read these (and sends a wake-up)
+    queues["inbox"].put(("released",))
 
     answer(worker, 0)
     worker._step_split(0)
 
     assert split.t == 0 and not worker._answered(0)  # waits for the answer to its new request
-    assert set(worker.sampler.cur_slot[0, 0]).isdisjoint(before)
+    assert sorted(worker.sampler.cur_slot[0, 0].tolist()) == sorted(released.tolist())
+    assert worker.sampler.slot_owed[0, before].all()  # the filled slots are owed to the learner now
     kind, sent = queues["learner"].get(timeout=1)
     assert kind == "traj" and sorted(sent) == sorted(before.tolist())
     assert worker.sampler.request_step[0, 0, 0] == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_replacement_worker_never_takes_a_slot_a_learner_owes_a_read():
+    """An actor started after a crash (same buffers) leaves alone the slots its predecessor sent to a learner."""
+    worker, layout, queues = make_worker()
+    owed = worker.sampler.slot_owed[0]
+    sent = worker._free_slots()[:3] + layout.worker_slots(0).start
+    owed[sent] = 1
+    replacement = ActorWorker(worker.cfg, layout, 0, worker.traj, worker.sampler, queues["inbox"],
+                              [[queues["inference"]]], [queues["learner"]], queues["report"])
+    replacement.init_envs()
+    in_use = worker.sampler.cur_slot[0].ravel()
+    assert set(in_use.tolist()).isdisjoint(sent.tolist())
+    assert owed[sent].all()
+
+
+@pytest.mark.timeout(30)
+def test_a_non_finite_reward_is_stored_as_zero_logged_once_and_counted(caplog):
+    worker, layout, queues = make_worker()
+    slots = worker.sampler.cur_slot[0, 0].copy()
+    env = worker.splits[0].envs[1]
+    env.unwrapped.step = lambda action: (env.unwrapped.state, float("nan"), False, False, {})
+    for _ in range(2):
+        answer(worker, 0)
+        worker._step_split(0)
+    assert worker.traj.rewards[slots[1], :2].tolist() == [0.0, 0.0]
+    assert worker.nonfinite_rewards == 2 and worker.splits[0].episode_reward[1] == 0.0
+    warnings = [r for r in caplog.records if "non-finite reward" in r.getMessage()]
+    assert len(warnings) == 1 and "env 1 of split 0" in warnings[0].getMessage()
 
 
 @pytest.mark.timeout(30)
@@ -120,10 +152,10 @@ def test_envs_play_with_their_policys_shaping_and_report_the_true_objective():
         for s in range(layout.num_splits):
             answer(worker, s)
             worker._step_split(s)
-            for learner in worker.learner_inboxes:  # the learners copy the trajectories and hand the slots back
+            for p, learner in enumerate(worker.learner_inboxes):  # the learners read the trajectories
                 with contextlib.suppress(Empty):
                     for _, slots in learner.get_many(block=False):
-                        worker._release(slots)
+                        worker.sampler.slot_owed[p, slots] = 0
     assert len(worker.finished_episodes) == 4
     for _, reward, length, objective in worker.finished_episodes:
         assert length == 200 and objective == 0.0  # the goal was not reached, whatever the shaped return

@@ -149,15 +149,17 @@ def test_corrupt_cfg_json(existing_experiment):
 
 
 @pytest.mark.timeout(60)
-def test_corrupt_checkpoint(existing_experiment):
+def test_corrupt_checkpoint_is_not_bad_input_but_stays_in_place_when_the_input_is(existing_experiment):
+    """A corrupt checkpoint no longer stops a run (it is moved aside and an older one used, see
+    tests/test_checkpoint.py), but only once the input is valid: a bad flag still leaves every file as it was."""
     train_dir, exp = existing_experiment
     with open(os.path.join(exp, "checkpoint_p0", "checkpoint_000000005_1000.pth"), "wb") as f:
         f.write(b"PK\x03\x04 this is not a complete archive")
     before = snapshot(exp)
-    result = run(train_dir, "--env=CartPole-v1")
+    result = run(train_dir, "--env=CartPole-v1", "--device=cuda:99")  # the last thing prepare checks
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "checkpoint_000000005_1000.pth: corrupt checkpoint" in lines[0]
+    assert len(lines) == 1 and "--device=cuda:99: this machine has" in lines[0], result.stderr
     assert snapshot(exp) == before
     with open(os.path.join(exp, "cfg.json")) as f:
         assert json.load(f)["env"] == "CartPole-v1"

@@ -105,7 +105,7 @@ def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):
     reports = Reports(cfg, str(tmp_path), [0])
 
     def report(worker: int, env_steps: int) -> None:
-        reports.on_actor(worker, {"state": "", "timing": {}, "env_steps": env_steps, "env_errors": 0,
+        reports.on_actor(worker, {"state": "", "timing": {}, "env_steps": env_steps, "env_errors": 0, "nonfinite": 0,
                                   "episodes": []})
 
     report(0, 5000)  # both actors' first reports cover their start-up second: not measured

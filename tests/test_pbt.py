@@ -5,17 +5,12 @@ import json
 import os
 import random
 
-import numpy as np
 import pytest
 import torch
-from faster_fifo import Queue
 
 from appo import pbt
-from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment
-from appo.cfg import build_parser, resolve
+from appo.cfg import build_parser
 from appo.checkpoint import latest_checkpoint, parse_name
-from appo.learner import Learner
-from envs import make_env
 
 
 def settings(**overrides) -> pbt.Settings:
@@ -198,29 +193,6 @@ def test_corrupt_or_mismatched_population_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------- the learner's side, in-process
-@pytest.fixture
-def learners(tmp_path):
-    """Two real learners of a two-policy CartPole run over real shared buffers and queues (no processes)."""
-    cfg = resolve(build_parser().parse_args(
-        ["--env=CartPole-v1", "--num_policies=2", "--num_workers=1", "--num_envs_per_worker=4", "--rollout=8",
-         "--batch_size=32", "--num_batches_per_iteration=1", "--seed=1", "--device=cpu"]))
-    env = make_env(cfg.env)
-    spaces = (env.observation_space, env.action_space)
-    layout = Layout.from_cfg(cfg, *spaces)
-    traj, sampler = TrajBuffers(layout), SamplerState(layout, 2)
-    inboxes, actor_inbox = [Queue(), Queue()], Queue()
-    names = [f"/appo_test_{os.getpid()}_p{p}" for p in range(2)]
-    built = [Learner(cfg, layout, spaces, p, traj, sampler, inboxes, [actor_inbox], Queue(), names[p],
-                     str(tmp_path)) for p in range(2)]
-    rng = np.random.default_rng(0)
-    traj.obs["obs"][:] = rng.normal(size=traj.obs["obs"].shape)
-    traj.actions[:] = rng.integers(0, 2, size=traj.actions.shape)
-    traj.rewards[:] = 1.0
-    yield built, traj
-    for name in names:
-        unlink_segment(name)
-
-
 def fill(traj, slots: list[int], policy: int, version: int) -> None:
     traj.policy_ids[slots] = policy
     traj.policy_versions[slots] = version

@@ -1,0 +1,156 @@
+"""Process lifecycle: start the workers, notice the ones that die, replace them, stop them all.
+
+What a worker does is its role's business (actor_worker, inference_worker, learner); the supervisor only
+knows how to start each one (a module, a function and a callable giving its current arguments, so a
+replacement gets, say, a PBT policy's current hyper-parameters) and what each process last said about
+itself (ready, a crash traceback, a fatal error). A death is described once, with its cause; the runner
+decides what to do with it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from utils.logs import log
+from utils.process import EXIT_FATAL, start_component
+
+RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
+
+
+@dataclass
+class Worker:
+    name: str
+    module: str
+    function: str
+    args: Callable[[], tuple]
+    cleanup: Callable[[], object]  # lowers the shared-memory flags a death may leave raised
+    inbox: object  # the queue it reads (utils.queues.forget_waiters after its death)
+    process: multiprocessing.Process | None = None
+    started: float = 0.0  # time.monotonic() of the last start
+    ready: bool = False
+    error: str | None = None  # traceback or fatal message reported since it started
+    fatal: bool = False
+    killed_because: str | None = None  # set when the runner killed it (a hang)
+    restarts: deque[float] = field(default_factory=deque)  # monotonic times, within RESTART_WINDOW_S
+    total_restarts: int = 0
+
+    @property
+    def role(self) -> str:
+        """actor, inference or learner (the name's prefix)."""
+        return self.name.split("_")[0]
+
+
+@dataclass
+class Death:
+    worker: Worker
+    cause: str
+    # A crash before the worker was ready, or a fatal error: a replacement would fail the same way.
+    permanent: bool
+
+
+class Supervisor:
+    def __init__(self, report_queue, max_restarts: int):
+        self.report_queue, self.max_restarts = report_queue, max_restarts
+        self.workers: dict[str, Worker] = {}
+
+    def add(self, name: str, module: str, function: str, args: Callable[[], tuple], cleanup: Callable[[], object],
+            inbox) -> None:
+        self.workers[name] = Worker(name, module, function, args, cleanup, inbox)
+        self._start(self.workers[name])
+
+    def _start(self, worker: Worker) -> None:
+        context = multiprocessing.get_context("fork")
+        worker.process = context.Process(
+            target=start_component, name=worker.name, daemon=True,
+            args=(worker.name, self.report_queue, worker.module, worker.function, os.getpid(), *worker.args()))
+        worker.ready, worker.error, worker.fatal, worker.killed_because = False, None, False, None
+        worker.started = time.monotonic()
+        worker.process.start()
+
+    # ---------------------------------------------------------------- what workers report about themselves
+    def on_ready(self, name: str) -> None:
+        self.workers[name].ready = True
+
+    def on_error(self, name: str, text: str, fatal: bool) -> None:
+        worker = self.workers[name]
+        worker.error, worker.fatal = text, fatal
+
+    def ready_count(self, role: str) -> int:
+        return sum(w.ready for w in self.workers.values() if w.role == role)
+
+    def not_ready_after(self, role: str, seconds: float) -> list[str]:
+        """Workers of a role that are not ready this long after they (re)started."""
+        now = time.monotonic()
+        return [w.name for w in self.workers.values() if w.role == role and not w.ready and now - w.started > seconds]
+
+    # ---------------------------------------------------------------- deaths and replacements
+    def deaths(self) -> list[Death]:
+        """Workers whose process has ended, with the cause (signal, exit code, traceback or fatal message)."""
+        found = []
+        for worker in self.workers.values():
+            code = worker.process.exitcode
+            if code is None:
+                continue
+            if worker.killed_because:
+                cause = worker.killed_because
+            elif worker.error:
+                cause = worker.error.strip().splitlines()[-1] if not worker.fatal else worker.error
+            elif code < 0:
+                cause = f"killed by {signal.Signals(-code).name}"
+            else:
+                cause = f"exited with code {code}"
+            permanent = worker.fatal or code == EXIT_FATAL or (worker.error is not None and not worker.ready)
+            found.append(Death(worker, cause, permanent))
+        return found
+
+    def may_restart(self, worker: Worker) -> bool:
+        """Within --max_worker_restarts restarts of this worker in the last hour."""
+        now = time.monotonic()
+        while worker.restarts and now - worker.restarts[0] > RESTART_WINDOW_S:
+            worker.restarts.popleft()
+        return len(worker.restarts) < self.max_restarts
+
+    def restart(self, worker: Worker) -> None:
+        worker.process.join(timeout=0)
+        worker.restarts.append(time.monotonic())
+        worker.total_restarts += 1
+        self._start(worker)
+
+    def kill(self, name: str, reason: str) -> None:
+        """SIGKILL a worker that is stuck (its death is then reported with `reason` as the cause)."""
+        worker = self.workers[name]
+        worker.killed_because = reason
+        if worker.process.is_alive():
+            os.kill(worker.process.pid, signal.SIGKILL)
+
+    def restart_counts(self) -> dict[str, int]:
+        """Restarts since the run began, per role."""
+        counts: dict[str, int] = {}
+        for worker in self.workers.values():
+            counts[worker.role] = counts.get(worker.role, 0) + worker.total_restarts
+        return counts
+
+    # ---------------------------------------------------------------- stopping
+    def processes(self) -> list[multiprocessing.Process]:
+        return [worker.process for worker in self.workers.values()]
+
+    def join_all(self, deadline: float, while_waiting: Callable[[], None]) -> None:
+        """Wait for every worker to exit until `deadline` (time.monotonic), then terminate, then kill."""
+        for process in self.processes():
+            while process.is_alive() and time.monotonic() < deadline:
+                while_waiting()
+                process.join(timeout=0.05)
+        for process in self.processes():
+            if process.is_alive():
+                log.warning("%s did not stop in time; terminating it", process.name)
+                process.terminate()
+                process.join(timeout=1.0)
+            if process.is_alive():
+                process.kill()
+                process.join()

@@ -1,0 +1,210 @@
+"""Fault injection: workers killed, envs that hang, raise or return NaN, updates that diverge.
+
+The end-to-end tests run the real trainer (2 workers x 4 envs, CartPole) and kill its processes by name (each
+worker names itself after its role); the learner tests drive real learners in-process.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+
+from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
+from appo.learner import MAX_CONSECUTIVE_SKIPPED, replace_nonfinite_
+from tests.conftest import last_mean_reward
+from utils.process import FatalError
+
+SMALL = ["--num_workers=2", "--num_envs_per_worker=4", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
+
+
+def worker_process(trainer_process, name: str, timeout: float = 30) -> psutil.Process:
+    """The trainer's child process named `name` (actor_0, inference_0, learner_p0, ...)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(trainer_process.pid).children():
+            try:
+                if child.name() == name:
+                    return child
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no process named {name}")
+
+
+def wait_for_log(log: pathlib.Path, pattern: str, timeout: float, count: int = 1) -> float:
+    """Seconds until `pattern` (a regex) appears `count` times in the log."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if log.exists() and len(re.findall(pattern, log.read_text())) >= count:
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern!r} not in the log within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(trainer_process) -> None:
+    """After a failed assertion: stop the trainer the way a user would (it then cleans up)."""
+    if trainer_process.poll() is None:
+        trainer_process.send_signal(signal.SIGINT)
+        try:
+            trainer_process.communicate(timeout=20)
+        except Exception:
+            trainer_process.kill()
+            raise
+
+
+def kill(trainer_process, name: str) -> int:
+    process = worker_process(trainer_process, name)
+    os.kill(process.pid, signal.SIGKILL)
+    return process.pid
+
+
+@pytest.mark.timeout(120)
+def test_killed_actor_inference_worker_and_learner_are_replaced_within_2_s_and_the_run_goes_on(trainer):
+    process = trainer.start("--env=CartPole-v1", "--experiment=kills", "--train_for_seconds=30", *SMALL)
+    log = pathlib.Path(trainer.train_dir, "kills", "log.txt")
+    try:
+        wait_for_log(log, r"FPS .*reward", 40)
+        for name in ("actor_0", "inference_0", "learner_p0"):
+            versions = [int(v) for v in re.findall(r"p0: v(\d+)", log.read_text())]
+            old_pid = kill(process, name)
+            noticed = wait_for_log(log, rf"{name} died \(killed by SIGKILL\); replaced it", 10)
+            assert noticed < 2.0
+            replacement = worker_process(process, name)
+            assert replacement.pid != old_pid
+            wait_for_log(log, rf"restarts: .*{name.split('_')[0]} 1", 10)
+            if name == "learner_p0":  # it continues from the weights published last, not from version 0
+                wait_for_log(log, r"policy 0: learner replaced; continues as version \d+", 20)
+                match = re.search(r"policy 0: learner replaced; continues as version (\d+)", log.read_text())
+                assert int(match.group(1)) >= versions[-1] > 0
+        output, _ = process.communicate(timeout=60)
+    finally:
+        stop(process)
+    assert process.returncode == 0, output
+    assert "restarts: actor 1, inference 1, learner 1" in output
+    assert last_mean_reward(output) > 50  # still learning after every component died once
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_dies_more_than_max_worker_restarts_stops_the_run_with_the_cause(trainer):
+    process = trainer.start("--env=CartPole-v1", "--experiment=crash_loop", "--max_worker_restarts=1", *SMALL)
+    log = pathlib.Path(trainer.train_dir, "crash_loop", "log.txt")
+    try:
+        wait_for_log(log, r"FPS", 40)
+        kill(process, "actor_1")
+        wait_for_log(log, r"actor_1 died \(killed by SIGKILL\); replaced it", 10)
+        wait_for_log(log, r"actor_1.*ready|FPS", 10)
+        time.sleep(1.0)
+        kill(process, "actor_1")
+        output, _ = process.communicate(timeout=30)
+    finally:
+        stop(process)
+    assert process.returncode == 1
+    assert ("actor_1 died more than --max_worker_restarts=1 times within an hour; last cause: killed by SIGKILL"
+            in output)
+
+
+@pytest.mark.timeout(90)
+def test_an_env_step_that_hangs_gets_its_actor_replaced_and_named(trainer):
+    """HangingCartPole blocks in step forever after 200 steps: each hang costs one restart, named in the log."""
+    result = trainer.run("--env=tests.flaky_envs:HangingCartPole-v0", "--experiment=hang", "--num_workers=1",
+                         "--num_envs_per_worker=2", "--env_timeout_seconds=2", "--max_worker_restarts=1",
+                         "--decorrelate_envs_on_one_worker=False", timeout=80)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    hang = r"stuck for \d+ s in env\.step of its env [01] \(--env_timeout_seconds=2\)"
+    assert re.search(rf"actor_0 died \({hang}\); replaced it", output), output[-3000:]
+    assert re.search(rf"actor_0 died more than --max_worker_restarts=1 times within an hour; last cause: {hang}",
+                     output), output[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_nan_observations_and_rewards_are_set_to_zero_reported_once_per_env_and_never_reach_the_model(trainer):
+    result = trainer.run("--env=tests.flaky_envs:NaNCartPole-v0", "--experiment=nan", "--train_for_env_steps=100000",
+                         *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    rewards = re.findall(r"actor (\d): env (\d) of split (\d) returned a non-finite reward", output)
+    observations = re.findall(r"actor (\d) env (\d) returned a non-finite observation \(field 'obs'\)", output)
+    assert rewards and observations
+    assert len(rewards) == len(set(rewards)) and len(observations) == len(set(observations))  # once per env
+    assert int(re.findall(r"non-finite values (\d+)", output)[-1]) > len(rewards) + len(observations)
+    assert "nan" not in re.findall(r"p0: [^|]*", output)[-1]
+    assert last_mean_reward(output) > 50  # the policy did not collapse
+    state = load_checkpoint(latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, "nan"), 0)), "cpu")
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+@pytest.mark.timeout(90)
+def test_a_multi_agent_env_that_raises_costs_only_the_episode(trainer):
+    result = trainer.run("--env=tests.flaky_envs:make_flaky_rendezvous", "--experiment=flaky_ma",
+                         "--train_for_env_steps=40000", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    errors = re.findall(r"env errors (\d+)", result.stdout + result.stderr)
+    assert errors and int(errors[-1]) >= 10
+    assert "restarts" not in result.stdout + result.stderr
+
+
+@pytest.mark.timeout(90)
+def test_updates_that_keep_diverging_stop_the_run_with_a_clear_message(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=diverge", "--learning_rate=1e30", *SMALL)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert (f"learner_p0 stopped the run: policy 0: the last {MAX_CONSECUTIVE_SKIPPED} updates had a non-finite "
+            "loss or gradient") in output
+    path = latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, "diverge"), 0))
+    if path is not None:
+        state = load_checkpoint(path, "cpu")
+        assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+# ---------------------------------------------------------------- the learner, in-process
+def test_a_non_finite_loss_skips_the_update_and_a_run_of_them_is_fatal(learners):
+    (learner, _), traj = learners
+    slots = list(range(learner.trajs_per_iteration))
+    traj.policy_ids[slots] = 0
+    learner.policy.cfg.value_loss_coeff = float("nan")  # every loss is NaN from here on
+    before = [p.detach().clone() for p in learner.policy.model.parameters()]
+    learner.train_iteration(slots)
+    assert learner.skipped_updates > 0 and learner.policy.train_steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.policy.model.parameters()))
+    with pytest.raises(FatalError, match="non-finite loss or gradient"):
+        for _ in range(MAX_CONSECUTIVE_SKIPPED):
+            traj.policy_versions[slots] = learner.policy.version
+            learner.train_iteration(slots)
+
+
+def test_non_finite_inputs_of_a_batch_are_zeroed_and_counted():
+    batch = {"obs": {"obs": torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]]),
+                     "pixels": torch.ones(2, 2, dtype=torch.uint8)},
+             "rewards": torch.tensor([float("-inf"), 1.0])}
+    assert replace_nonfinite_(batch) == 3
+    assert batch["obs"]["obs"].tolist() == [[1.0, 0.0], [0.0, 2.0]] and batch["rewards"].tolist() == [0.0, 1.0]
+
+
+def test_a_replacement_learner_continues_from_the_published_weights_and_finds_every_owed_slot(learner_rig):
+    learner = learner_rig.learner(0)
+    slots = list(range(learner.trajs_per_iteration))
+    learner_rig.traj.policy_ids[:] = 0
+    learner_rig.sampler.slot_owed[0, slots] = 1
+    learner._take(slots)
+    learner.train_iteration(learner.pending[:len(slots)])
+    assert learner_rig.sampler.slot_owed[0, slots].sum() == 0  # read, so free for the actor again
+    owed = [slots[-1] + 1, slots[-1] + 2]
+    learner_rig.sampler.slot_owed[0, owed] = 1  # sent to the learner, which dies before reading them
+
+    replacement = learner_rig.learner(0)
+    assert replacement.policy.version == learner.policy.version == 1
+    assert replacement.policy.env_steps == learner.policy.env_steps > 0
+    assert replacement.pending == owed
+    obs = {"obs": torch.randn(5, 4)}
+    rnn = torch.zeros(5, 1)
+    with torch.no_grad():
+        for a, b in zip(learner.policy.model.forward_step(obs, rnn), replacement.policy.model.forward_step(obs, rnn)):
+            assert torch.equal(a, b)
+    replacement._take(owed)  # the actor's message arrives late: nothing is queued twice
+    assert replacement.pending == owed
