@@ -84,3 +84,25 @@ class FlakyRendezvous(RendezvousEnv):
 def make_flaky_rendezvous(**kwargs) -> FlakyRendezvous:
     """--env=tests.flaky_envs:make_flaky_rendezvous (a plain function keeps num_agents visible, gym.make would not)."""
     return FlakyRendezvous(**kwargs)
+
+
+class RandomlyFailingCartPole(CartPoleEnv):
+    """CartPole whose step raises once every `min_steps`..`max_steps` steps of this env (drawn anew after each
+    failure): scripts/chaos.py --fault=flaky_env."""
+
+    def __init__(self, min_steps: int = 2000, max_steps: int = 20000, **kwargs):
+        super().__init__(**kwargs)
+        self.min_steps, self.max_steps = min_steps, max_steps
+        self.until_failure = int(self.np_random.integers(min_steps, max_steps + 1))
+
+    def step(self, action):
+        self.until_failure -= 1
+        if self.until_failure <= 0:
+            self.until_failure = int(self.np_random.integers(self.min_steps, self.max_steps + 1))
+            raise RuntimeError("flaky env failed on purpose")
+        return super().step(action)
+
+
+def make_flaky_cartpole(min_steps: int = 2000, max_steps: int = 20000) -> gym.Env:
+    """--env=tests.flaky_envs:make_flaky_cartpole: CartPole-v1 (500-step limit) that fails now and then."""
+    return gym.wrappers.TimeLimit(RandomlyFailingCartPole(min_steps, max_steps), max_episode_steps=500)

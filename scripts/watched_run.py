@@ -1,0 +1,91 @@
+"""A trainer run watched from outside, for chaos.py and soak.py: `python -m appo.train` as a child process,
+its status lines (env steps and policy 0's mean reward, each with the moment it was printed), and its worker
+processes by name (every worker names itself after its role: actor_0, inference_0, learner_p0, ...)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+STATUS = re.compile(r"env steps (\d+)")
+REWARD = re.compile(r"p0: [^|]*?reward (-?[0-9.]+) length")
+
+
+@dataclass
+class Sample:
+    t: float  # seconds since launch
+    env_steps: int
+    reward: float | None
+
+
+class WatchedRun:
+    def __init__(self, trainer_args: list[str]):
+        self.launched = time.monotonic()
+        self.process = subprocess.Popen([sys.executable, "-m", "appo.train", *trainer_args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.samples: list[Sample] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+            status = STATUS.search(line)
+            if status and "FPS" in line:
+                reward = REWARD.search(line)
+                self.samples.append(Sample(self.elapsed(), int(status.group(1)),
+                                           float(reward.group(1)) if reward else None))
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.launched
+
+    def workers(self) -> dict[str, psutil.Process]:
+        found = {}
+        for child in psutil.Process(self.process.pid).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[child.name()] = child
+        return found
+
+    def wait(self) -> int:
+        code = self.process.wait()
+        self.reader.join()
+        return code
+
+    # ---------------------------------------------------------------- measures
+    def fps(self, start: float | None = None, end: float | None = None) -> float:
+        """Env steps per second between the status lines nearest to start and end (default: first steps to the
+        last line)."""
+        moving = [s for s in self.samples if s.env_steps > 0]
+        if start is not None:
+            moving = [s for s in moving if s.t >= start]
+        if end is not None:
+            moving = [s for s in moving if s.t <= end]
+        if len(moving) < 2:
+            return 0.0
+        return (moving[-1].env_steps - moving[0].env_steps) / (moving[-1].t - moving[0].t)
+
+    def steady_fps(self, window: float = 5.0) -> float:
+        """Median throughput over consecutive windows, from the first env steps on."""
+        moving = [s for s in self.samples if s.env_steps > 0]
+        if not moving:
+            return 0.0
+        rates, t = [], moving[0].t
+        while t + window <= moving[-1].t:
+            rates.append(self.fps(t, t + window))
+            t += window
+        return statistics.median(rates) if rates else self.fps()
+
+    def first_reward_at_least(self, target: float) -> float | None:
+        return next((s.t for s in self.samples if s.reward is not None and s.reward >= target), None)
+
+    def final_reward(self) -> float | None:
+        return next((s.reward for s in reversed(self.samples) if s.reward is not None), None)
