@@ -142,6 +142,10 @@ class ActorWorker:
             else None
         for s, split in enumerate(self.splits):
             self.sampler.agent_policy[self.worker, s] = self._initial_policies(s, agents)
+            while len(self._free_slots()) < agents:  # a replacement for a worker that died while learners lagged
+                if self.sampler.stop[0]:
+                    raise SystemExit(0)
+                self._apply_messages(timeout=0.05)
             self._use_slots(s, self._take_slots(agents))
             for i, env in enumerate(split.envs):
                 self._calling(RESET, s * self.envs_per_split + i)

@@ -203,12 +203,12 @@ class Learner:
         policy.train_steps = max(policy.train_steps, int(sampler.learner_train_steps[p]))
         weights = (f"the weights it published last (version {published})" if published is not None else
                    "the checkpoint's weights (it died while publishing)" if checkpoint else "fresh weights")
-        log.warning("policy %d: learner replaced; continues as version %d from %s with the optimizer state of %s; "
-                    "lost: the iteration it was training (up to %d samples)%s", p, policy.version, weights,
-                    f"checkpoint version {checkpoint_version}" if checkpoint else "a fresh optimizer",
-                    self.trajs_per_iteration * self.cfg.rollout,
-                    "" if checkpoint and published == checkpoint_version else
-                    " and the optimizer's moments since the checkpoint")
+        optimizer = f"from checkpoint version {checkpoint_version}" if checkpoint else "fresh (no checkpoint yet)"
+        lost = f"the iteration it was training (up to {self.trajs_per_iteration * self.cfg.rollout} samples)"
+        if published != checkpoint_version or not checkpoint:
+            lost += " and the optimizer's moments since " + ("that checkpoint" if checkpoint else "the start")
+        log.warning("policy %d: learner replaced; continues as version %d from %s; optimizer state %s; lost: %s", p,
+                    policy.version, weights, optimizer, lost)
 
     # ---------------------------------------------------------------- checkpoints
     def _load(self) -> str | None:

@@ -59,7 +59,10 @@ class Runner:
         self.sampler = SamplerState(self.layout, cfg.num_policies, (len(groups), cfg.policy_workers_per_policy),
                                     tuple(env.reward_shaping))
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
-        self.report_queue = make_queue(10_000_000)
+        # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each
+        # worker's resident memory creep up for longer: RSS counts the shared pages a process has touched, and a
+        # ring's messages move through all of its pages (10 MB took 45 min with 4 CartPole actors).
+        self.report_queue = make_queue(1_000_000)
         self.actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
         # Wake-up queues of the inference workers, [group][index]; requests themselves go through memory.
         self.inference_queues = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)]

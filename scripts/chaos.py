@@ -1,11 +1,13 @@
 """Chaos benchmark: a CartPole run with faults against the same run without.
 
---fault=kill: a random worker is killed with SIGKILL every --kill_every seconds. Every kill picks a role
-(actor, inference worker or learner) at random, then one process of that role.
+--fault=kill: a random worker is killed with SIGKILL at --first_kill seconds (while CartPole is still
+learning) and then every --kill_every seconds. Every kill picks a role (actor, inference worker or learner)
+at random, then one process of that role.
 --fault=flaky_env: every env raises in `step` once every 2k-20k of its steps (tests/flaky_envs.py).
 
 The report gives, per pair of runs: throughput over the whole run with and without faults, when each run
-first reached a mean reward of --target and its final mean reward, the number of lines each printed, and
+first reached a mean reward of --target, its lowest mean reward after that, and its final mean reward, the
+number of lines each printed, and
 for every kill the time until the throughput (over 2 s) is back to 90% of the fault-free run's steady
 throughput.
 
@@ -26,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from watched_run import WatchedRun  # noqa: E402
+from watched_run import WatchedRun, save_json  # noqa: E402
 
 ROLES = ("actor", "inference", "learner")
 RECOVERED = 0.9  # of the fault-free steady throughput
@@ -39,12 +41,12 @@ def fault_free(args: list[str]) -> WatchedRun:
     return run
 
 
-def with_kills(args: list[str], seconds: float, kill_every: float, rng: random.Random
+def with_kills(args: list[str], seconds: float, first_kill: float, kill_every: float, rng: random.Random
                ) -> tuple[WatchedRun, list[tuple[float, str]]]:
     """The run, and (seconds since launch, worker name) of every kill."""
     run = WatchedRun(args)
     kills = []
-    next_kill = kill_every
+    next_kill = first_kill
     while run.process.poll() is None:
         time.sleep(0.05)
         if run.elapsed() < next_kill or run.elapsed() > seconds - 2:
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--fault", choices=("kill", "flaky_env"), default="kill")
     parser.add_argument("--runs", type=int, default=1, help="Pairs of runs (fault-free, with faults).")
     parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--first_kill", type=float, default=5.0)
     parser.add_argument("--kill_every", type=float, default=20.0)
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -94,7 +97,8 @@ def main() -> None:
                       "--max_worker_restarts=1000", *trainer_args]
             free = fault_free([f"--experiment=free_{i}", *common])
             if args.fault == "kill":
-                chaos, kills = with_kills([f"--experiment=chaos_{i}", *common], args.seconds, args.kill_every, rng)
+                chaos, kills = with_kills([f"--experiment=chaos_{i}", *common], args.seconds, args.first_kill,
+                                          args.kill_every, rng)
             else:  # the flaky env's flags come last, so they win over an --env in trainer_args
                 chaos, kills = fault_free([f"--experiment=chaos_{i}", *common, *FLAKY_ENV]), []
             full_fps = free.steady_fps()
@@ -104,8 +108,10 @@ def main() -> None:
                 "fault_free_reached_target_s": free.first_reward_at_least(args.target),
                 "chaos_reached_target_s": chaos.first_reward_at_least(args.target),
                 "fault_free_final_reward": free.final_reward(), "chaos_final_reward": chaos.final_reward(),
+                "chaos_lowest_reward_after_target": chaos.lowest_reward_after(args.target),
                 "chaos_exit_code": chaos.process.returncode,
                 "fault_free_log_lines": len(free.lines), "chaos_log_lines": len(chaos.lines),
+                "chaos_env_errors": chaos.last_count("env errors"),
                 "restarts_line": next((line.strip() for line in reversed(chaos.lines) if "restarts:" in line), ""),
                 "kills": [{"at_s": round(t, 1), "worker": name,
                            "recovered_s": recovery_seconds(chaos, t, full_fps)} for t, name in kills],
@@ -113,19 +119,20 @@ def main() -> None:
             results.append(result)
             print(json.dumps(result, indent=1), flush=True)
     print(f"\n| run | fault-free frames/s | with faults frames/s | ratio | kills | reached {args.target:g} (s) "
-          f"| final reward | log lines (fault-free / faults) | median recovery (s) | slowest recovery (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"| lowest reward after | final reward | env errors | log lines (fault-free / faults) "
+          f"| median recovery (s) | slowest recovery (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
         recoveries = [k["recovered_s"] for k in r["kills"] if k["recovered_s"] is not None]
         unrecovered = sum(k["recovered_s"] is None for k in r["kills"])
         print(f"| {i} | {r['fault_free_fps']:,.0f} | {r['chaos_fps']:,.0f} | {r['ratio']:.1%} | {len(r['kills'])} "
-              f"| {r['chaos_reached_target_s']} | {r['chaos_final_reward']} "
+              f"| {r['chaos_reached_target_s']} | {r['chaos_lowest_reward_after_target']} | {r['chaos_final_reward']} "
+              f"| {r['chaos_env_errors']} "
               f"| {r['fault_free_log_lines']} / {r['chaos_log_lines']} "
               f"| {statistics.median(recoveries) if recoveries else None} "
               f"| {max(recoveries) if recoveries else None}{f' ({unrecovered} never)' if unrecovered else ''} |")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        save_json(args.out, results)
 
 
 if __name__ == "__main__":

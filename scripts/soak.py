@@ -1,7 +1,9 @@
 """Soak benchmark: one long CartPole run, the resident memory of every process sampled each minute.
 
 Reports each process's RSS growth from minute --from_minute to the end (target: < 5%), and the throughput over
-the last minute against the minute ending at --from_minute (target: within 10%).
+the last minute against the minute ending at --from_minute (target: within 10%). RSS includes the shared
+pages a process has touched (trajectory buffers, queue rings), so the private part (RssAnon, where a leak
+would show) is reported next to it.
 
     python scripts/soak.py --minutes 60 -- --env=CartPole-v1 --num_workers=4
 """
@@ -19,14 +21,19 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from watched_run import WatchedRun  # noqa: E402
+from watched_run import WatchedRun, save_json  # noqa: E402
 
 
-def rss_mb(run: WatchedRun) -> dict[str, float]:
-    memory = {"runner": psutil.Process(run.process.pid).memory_info().rss / 2**20}
-    for name, process in run.workers().items():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            memory[name] = process.memory_info().rss / 2**20
+def memory_mb(run: WatchedRun) -> dict[str, dict[str, float]]:
+    """Per process: RSS, and its private anonymous part (RssAnon in /proc/<pid>/status), in MB."""
+    processes = {"runner": psutil.Process(run.process.pid), **run.workers()}
+    memory = {"rss": {}, "anon": {}}
+    for name, process in processes.items():
+        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
+            memory["rss"][name] = process.memory_info().rss / 2**20
+            with open(f"/proc/{process.pid}/status") as f:
+                anon_kb = next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+            memory["anon"][name] = anon_kb / 2**10
     return memory
 
 
@@ -49,7 +56,7 @@ def main() -> None:
             if run.process.poll() is not None:
                 break
             sample = {"minute": minute, "fps_last_minute": run.fps(run.elapsed() - 60, run.elapsed()),
-                      "rss_mb": rss_mb(run)}
+                      **memory_mb(run)}
             minutes.append(sample)
             print(json.dumps(sample), flush=True)
         code = run.wait()
@@ -57,18 +64,20 @@ def main() -> None:
         print(f"the run ended early (exit code {code}):\n{''.join(run.lines[-20:])}", file=sys.stderr)
         sys.exit(1)
     start, end = minutes[args.from_minute - 1], minutes[-1]
-    print(f"\n| process | RSS at minute {args.from_minute} (MB) | RSS at minute {args.minutes} (MB) | growth |")
-    print("|---|---|---|---|")
-    for name in sorted(start["rss_mb"]):
-        if name in end["rss_mb"]:
-            before, after = start["rss_mb"][name], end["rss_mb"][name]
-            print(f"| {name} | {before:.1f} | {after:.1f} | {(after - before) / before:+.1%} |")
+    a, b = args.from_minute, args.minutes
+    print(f"\n| process | RSS min {a} (MB) | RSS min {b} (MB) | growth | private min {a} (MB) | private min {b} (MB) "
+          f"| growth |")
+    print("|---|---|---|---|---|---|---|")
+    for name in sorted(start["rss"]):
+        if name in end["rss"] and name in end["anon"]:
+            rss, anon = (start["rss"][name], end["rss"][name]), (start["anon"][name], end["anon"][name])
+            print(f"| {name} | {rss[0]:.1f} | {rss[1]:.1f} | {(rss[1] - rss[0]) / rss[0]:+.1%} | {anon[0]:.1f} "
+                  f"| {anon[1]:.1f} | {(anon[1] - anon[0]) / anon[0]:+.1%} |")
     fps_start, fps_end = start["fps_last_minute"], end["fps_last_minute"]
     print(f"\nframes/s over minute {args.from_minute}: {fps_start:,.0f}; over minute {args.minutes}: {fps_end:,.0f} "
           f"({(fps_end - fps_start) / fps_start:+.1%})")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(minutes, f, indent=1)
+        save_json(args.out, minutes)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ processes by name (every worker names itself after its role: actor_0, inference_
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import statistics
 import subprocess
@@ -17,6 +18,11 @@ import psutil
 
 STATUS = re.compile(r"env steps (\d+)")
 REWARD = re.compile(r"p0: [^|]*?reward (-?[0-9.]+) length")
+
+
+def save_json(path: str, data) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
 
 
 @dataclass
@@ -86,6 +92,21 @@ class WatchedRun:
 
     def first_reward_at_least(self, target: float) -> float | None:
         return next((s.t for s in self.samples if s.reward is not None and s.reward >= target), None)
+
+    def lowest_reward_after(self, target: float) -> float | None:
+        """The lowest mean reward printed after the first one to reach target."""
+        reached = self.first_reward_at_least(target)
+        if reached is None:
+            return None
+        return min(s.reward for s in self.samples if s.t >= reached and s.reward is not None)
+
+    def last_count(self, label: str) -> int:
+        """The last value of a count the status line shows as "<label> N" (0 if never shown)."""
+        for line in reversed(self.lines):
+            match = re.search(rf"{label} (\d+)", line)
+            if match:
+                return int(match.group(1))
+        return 0
 
     def final_reward(self) -> float | None:
         return next((s.reward for s in reversed(self.samples) if s.reward is not None), None)

@@ -4,6 +4,8 @@
 writing the actions."""
 
 import contextlib
+import threading
+import time
 
 import pytest
 from faster_fifo import Empty, Queue
@@ -78,6 +80,30 @@ def test_a_replacement_worker_never_takes_a_slot_a_learner_owes_a_read():
     in_use = worker.sampler.cur_slot[0].ravel()
     assert set(in_use.tolist()).isdisjoint(sent.tolist())
     assert owed[sent].all()
+
+
+@pytest.mark.timeout(30)
+def test_a_replacement_waits_for_slots_when_learners_owe_nearly_all_of_them():
+    """Its predecessor died while the learners were behind: one split's worth of slots is free, not two."""
+    worker, layout, queues = make_worker()
+    owed = worker.sampler.slot_owed[0]
+    slots = list(layout.worker_slots(0))
+    owed[slots[layout.agents_per_split:]] = 1
+    later = slots[-layout.agents_per_split:]
+
+    def learner_catches_up():
+        time.sleep(0.3)
+        owed[later] = 0
+        queues["inbox"].put(("released",))
+
+    catching_up = threading.Thread(target=learner_catches_up)
+    catching_up.start()
+    replacement = ActorWorker(worker.cfg, layout, 0, worker.traj, worker.sampler, queues["inbox"],
+                              [[queues["inference"]]], [queues["learner"]], queues["report"])
+    replacement.init_envs()
+    catching_up.join()
+    in_use = sorted(worker.sampler.cur_slot[0].ravel().tolist())
+    assert in_use == sorted(slots[:layout.agents_per_split] + later)
 
 
 @pytest.mark.timeout(30)
