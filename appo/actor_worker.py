@@ -119,10 +119,10 @@ class ActorWorker:
 
     def _calling(self, call: int, env: int) -> None:
         """Record that this worker enters an env call (NO_CALL: left it), for the runner's hang detection;
-        `env` counts the worker's envs across splits."""
+        `env` counts the worker's envs across splits. The call is written last, after its time and env."""
         w = self.worker
-        self.call_env[w] = env
         self.call_since[w] = time.monotonic()
+        self.call_env[w] = env
         self.call[w] = call
 
     def _make_env(self, s: int, i: int) -> gym.Env:
@@ -235,10 +235,12 @@ class ActorWorker:
         observations: list = []
         ended: list[tuple[int, int, dict]] = []  # (env, done code, the info of its last step)
         started = time.perf_counter()
-        w, call, call_env, first_env = self.worker, self.call, self.call_env, s * self.envs_per_split
-        self._calling(STEP, first_env)
+        w, call, call_env, call_since = self.worker, self.call, self.call_env, self.call_since
+        first_env, clock = s * self.envs_per_split, time.monotonic
+        call_since[w] = clock()  # written before the call it times (the runner may read at any moment)
+        call[w] = STEP
         for i, env in enumerate(split.envs):
-            call_env[w] = first_env + i
+            call_since[w], call_env[w] = clock(), first_env + i  # the timeout is per env call
             try:
                 obs, reward, terminated, truncated, info = env.step(env_actions[i])
                 if terminated or truncated:
