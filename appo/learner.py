@@ -229,6 +229,7 @@ class Learner:
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
         self.weights.publish(self.policy.version)
+        self.report_queue.put(("ready", f"learner_p{self.policy_id}"))  # a crash from now on gets it replaced
         self._report()
         last_save = last_report = last_scan = time.monotonic()
         # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
@@ -291,7 +292,8 @@ class Learner:
         self.pending_set.update(new)
 
     def _take_owed_slots(self) -> None:
-        self._take(np.flatnonzero(self.sampler.slot_owed[self.policy_id]).tolist())
+        # A copy: actors set flags meanwhile, and numpy's nonzero fails if the count changes while it runs.
+        self._take(np.flatnonzero(self.sampler.slot_owed[self.policy_id].copy()).tolist())
 
     # ---------------------------------------------------------------- population-based training
     def _export(self, receiver: int) -> None:

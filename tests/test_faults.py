@@ -16,8 +16,10 @@ import torch
 
 from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
 from appo.learner import MAX_CONSECUTIVE_SKIPPED, replace_nonfinite_
+from appo.supervisor import Supervisor
 from tests.conftest import last_mean_reward
 from utils.process import FatalError
+from utils.queues import make_queue
 
 SMALL = ["--num_workers=2", "--num_envs_per_worker=4", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
 
@@ -206,3 +208,35 @@ def test_a_replacement_learner_continues_from_the_published_weights_and_finds_ev
             assert torch.equal(a, b)
     replacement._take(owed)  # the actor's message arrives late: nothing is queued twice
     assert replacement.pending == owed
+
+
+def test_a_learner_reports_ready_so_that_a_later_crash_gets_it_replaced(learner_rig):
+    learner = learner_rig.learner(0)
+    learner_rig.sampler.stop[0] = 1  # run() publishes, reports, and returns at once
+    learner.run()
+    assert ("ready", "learner_p0") in learner.report_queue.get_many(timeout=1)
+
+
+def crash(report_queue, name: str, ready: bool) -> None:
+    """A worker that raises, after reporting ready or before (started by the supervisor test below)."""
+    if ready:
+        report_queue.put(("ready", name))
+    raise RuntimeError("crashed on purpose")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_crash_after_ready_is_replaceable_and_one_before_is_permanent(ready):
+    report_queue = make_queue()
+    supervisor = Supervisor(report_queue, max_restarts=3)
+    supervisor.add("actor_0", "tests.test_faults", "crash", lambda: (report_queue, "actor_0", ready),
+                   cleanup=lambda: None, inbox=make_queue())
+    supervisor.workers["actor_0"].process.join(10)
+    for kind, name, *rest in report_queue.get_many(timeout=1):
+        if kind == "ready":
+            supervisor.on_ready(name)
+        else:
+            supervisor.on_error(name, rest[0], fatal=kind == "fatal")
+    (death,) = supervisor.deaths()
+    assert death.cause == "RuntimeError: crashed on purpose"
+    assert death.permanent is not ready
