@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--reset_timeout_seconds", type=float, default=120.0,
         help="Fail the run if an actor worker cannot create and reset its envs within this many seconds.")
     add("--stall_timeout_seconds", type=float, default=120.0,
-        help="Fail the run, naming what each worker waits for, if no env step is made for this many seconds.")
+        help="Fail the run, naming what each worker waits for, if no env step is made for this many seconds "
+             "(counted from the moment every worker has started).")
     add("--env_timeout_seconds", type=float, default=60.0,
         help="An actor inside one env's step or reset (or making an env) for longer than this is killed and "
              "replaced; the log names the worker, the env and the call.")

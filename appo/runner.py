@@ -248,11 +248,11 @@ class Runner:
             return Outcome(f"{', '.join(late)} did not create and reset its envs within --reset_timeout_seconds="
                            f"{cfg.reset_timeout_seconds:g} of starting; states: {self._blocked_in()}",
                            completed=False, failed=True)
-        actors_ready = self.supervisor.ready_count("actor")
         if self.interrupted:
             return Outcome("interrupted", completed=False)
-        stalled = time.monotonic() - reports.last_progress
-        if actors_ready == cfg.num_workers and stalled > cfg.stall_timeout_seconds:
+        all_ready_at = self.supervisor.all_ready_at()  # start-up (torch imports, env creation) is not a stall
+        stalled = time.monotonic() - max(reports.last_progress, all_ready_at or 0.0)
+        if all_ready_at is not None and stalled > cfg.stall_timeout_seconds:
             return Outcome(f"no env step for {stalled:.0f} s (--stall_timeout_seconds); worker states: "
                            f"{self._blocked_in()}", completed=False, failed=True)
         if cfg.benchmark:  # the budgets count the measured period only, so it is never empty

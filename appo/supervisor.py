@@ -34,6 +34,7 @@ class Worker:
     process: multiprocessing.Process | None = None
     started: float = 0.0  # time.monotonic() of the last start
     ready: bool = False
+    ready_at: float = 0.0  # time.monotonic() of its "ready"
     error: str | None = None  # traceback or fatal message reported since it started
     fatal: bool = False
     killed_because: str | None = None  # set when the runner killed it (a hang)
@@ -75,14 +76,18 @@ class Supervisor:
 
     # ---------------------------------------------------------------- what workers report about themselves
     def on_ready(self, name: str) -> None:
-        self.workers[name].ready = True
+        worker = self.workers[name]
+        worker.ready, worker.ready_at = True, time.monotonic()
 
     def on_error(self, name: str, text: str, fatal: bool) -> None:
         worker = self.workers[name]
         worker.error, worker.fatal = text, fatal
 
-    def ready_count(self, role: str) -> int:
-        return sum(w.ready for w in self.workers.values() if w.role == role)
+    def all_ready_at(self) -> float | None:
+        """When the last worker (of every role) reported ready; None while one has not."""
+        if not all(worker.ready for worker in self.workers.values()):
+            return None
+        return max(worker.ready_at for worker in self.workers.values())
 
     def not_ready_after(self, role: str, seconds: float) -> list[str]:
         """Workers of a role that are not ready this long after they (re)started."""

@@ -36,9 +36,9 @@ def history(exp_dir: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.timeout(100)
+@pytest.mark.timeout(150)
 def test_pbt_replaces_and_mutates_and_survives_a_resume(trainer):
-    result = trainer.run(*PBT, "--train_for_env_steps=60000", timeout=60)
+    result = trainer.run(*PBT, "--train_for_env_steps=60000", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     exp_dir = os.path.join(trainer.train_dir, "pbt")
     events = history(exp_dir)
