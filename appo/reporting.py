@@ -59,7 +59,7 @@ class Reports:
         self.samples_total = [0] * self.num_policies
         self.inference_obs = self.inference_batches = 0  # for the mean inference batch size
         self.timing: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self.lag = {"min": float("inf"), "max": 0.0, "avg": []}
+        self.lag = {"min": float("inf"), "max": 0.0, "avg_sum": 0.0, "reports": 0}
         self.device = "?"
         self.states: dict[str, tuple[str, float]] = {}  # last reported state of each worker and when, for stall reports
         self.last_progress = self.start  # when env steps last moved
@@ -115,13 +115,14 @@ class Reports:
         self.skipped_updates[policy] += data["skipped_updates"]
         self.nonfinite_values += data["nonfinite_inputs"]
         self.samples_total[policy] += data["samples"]
-        self.sample_history[policy].append((time.monotonic(), self.samples_total[policy]))
+        self._append(self.sample_history[policy], self.samples_total[policy])
         stats = data["stats"]
         self.learner_stats[policy].update(stats)
         if "lag_avg" in stats:
             self.lag["min"] = min(self.lag["min"], stats["lag_min"])
             self.lag["max"] = max(self.lag["max"], stats["lag_max"])
-            self.lag["avg"].append(stats["lag_avg"])
+            self.lag["avg_sum"] += stats["lag_avg"]
+            self.lag["reports"] += 1
         self.device = data["device"]
         self._add_timing("learner", data["timing"])
 
@@ -134,10 +135,16 @@ class Reports:
 
     # ---------------------------------------------------------------- derived numbers
     def tick(self) -> None:
+        self._append(self.frame_history, self.sampled_env_steps)
+
+    @staticmethod
+    def _append(history: deque, count: int) -> None:
+        """Add (now, count) and forget what is older than the longest rate window, so a long run's histories
+        (and the rates computed over them) stay the same size."""
         now = time.monotonic()
-        self.frame_history.append((now, self.sampled_env_steps))
-        while self.frame_history[0][0] < now - max(FPS_WINDOWS) - 5:
-            self.frame_history.popleft()
+        history.append((now, count))
+        while history[0][0] < now - max(FPS_WINDOWS) - 5:
+            history.popleft()
 
     @staticmethod
     def _rate(history: deque, window: float) -> float:
@@ -287,8 +294,8 @@ class Reports:
             "env_steps_per_s": env_steps / measured,
             "env_frames_per_s": env_steps * self.frames_per_step / measured,
             "samples_per_s": samples / measured,
-            "policy_lag": {"min": self.lag["min"] if self.lag["avg"] else 0.0, "max": self.lag["max"],
-                           "avg": float(np.mean(self.lag["avg"])) if self.lag["avg"] else 0.0},
+            "policy_lag": {"min": self.lag["min"] if self.lag["reports"] else 0.0, "max": self.lag["max"],
+                           "avg": self.lag["avg_sum"] / self.lag["reports"] if self.lag["reports"] else 0.0},
             "time_shares": shares,
             "inference_batch_size": self.inference_obs / max(self.inference_batches, 1),
             "cpu_busy": _cpu_busy(self.cpu_at_measure_start, psutil.cpu_times()),
