@@ -82,7 +82,7 @@ def forget_waiters(queue: Queue) -> None:
     if not repair_supported():
         return
     base = ctypes.addressof(queue.queue_obj_buffer)
-    fresh = Queue(max_size_bytes=queue.max_size_bytes, maxsize=queue.maxsize)
+    fresh = Queue(max_size_bytes=1000)  # only its condition variables are copied, which do not depend on the size
     mutex, libc = ctypes.c_void_p(base + _MUTEX_OFFSET), _libc()
     libc.pthread_mutex_lock(mutex)
     ctypes.memmove(base + _WAITERS_OFFSET, ctypes.addressof(fresh.queue_obj_buffer) + _WAITERS_OFFSET,
