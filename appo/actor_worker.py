@@ -34,6 +34,15 @@ REPORT_INTERVAL_S = 1.0
 NO_CALL, MAKE, RESET, STEP = range(len(SamplerState.ENV_CALLS))
 
 
+
+def extra_stats(info: dict) -> dict[str, float]:
+    """An env's own episode metrics: the numeric values of `info["episode_extra_stats"]` (a dict) at the end of
+    an episode; they are averaged per policy like the reward and written to tensorboard (episode_extra/)."""
+    extra = info.get("episode_extra_stats")
+    if not isinstance(extra, dict):
+        return {}
+    return {str(k): float(v) for k, v in extra.items() if isinstance(v, (int, float, np.number)) and math.isfinite(v)}
+
 class Split:
     """One group of envs that step together; `t` is the step index inside the current trajectory.
 
@@ -82,7 +91,7 @@ class ActorWorker:
         # What this worker is inside (SamplerState.ENV_CALLS), for the runner's hang detection.
         self.call, self.call_env, self.call_since = sampler.actor_call, sampler.actor_call_env, sampler.actor_call_since
         # (policy, return, length, PBT objective or None) of the episodes finished since the last report
-        self.finished_episodes: list[tuple[int, float, int, float | None]] = []
+        self.finished_episodes: list[tuple[int, float, int, float | None, dict[str, float]]] = []
         self.splits: list[Split] = []
         self.last_report = time.monotonic()
         self.lockstep = lockstep(cfg)
@@ -295,10 +304,11 @@ class ActorWorker:
             true_score = info.get("true_episode_reward")
             if true_score is None and getattr(split.envs[i], "reports_true_episode_reward", False):
                 continue  # a life lost, not a game over: keep counting the game's reward and length
+            extra = extra_stats(info)
             for j in range(i * a, (i + 1) * a):
                 reward = float(split.episode_reward[j] if true_score is None else true_score)
                 self.finished_episodes.append((int(policies[j]), reward, split.steps - split.episode_start[j],
-                                               self._objective(info, reward)))
+                                               self._objective(info, extra, reward), extra))
                 split.episode_reward[j] = 0.0
                 split.episode_start[j] = split.steps
         traj.dones[split.slots, t] = codes
@@ -312,13 +322,14 @@ class ActorWorker:
                 for i, _, _ in ended:
                     self._apply_shaping(s, i)
 
-    def _objective(self, info: dict, episode_reward: float) -> float | None:
+    def _objective(self, info: dict, extra: dict[str, float], episode_reward: float) -> float | None:
         """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`
-        at the episode's end, else the episode's return; or any numeric value the last step's info names."""
+        at the episode's end, else the episode's return; or any numeric value the last step's info (or its
+        `episode_extra_stats`) names."""
         name = self.cfg.pbt_target_objective
         if name == "true_objective":
             return float(info.get("true_objective", episode_reward))
-        value = info.get(name)
+        value = info.get(name, extra.get(name))
         return float(value) if isinstance(value, (int, float, np.number)) else None
 
     def _apply_shaping(self, s: int, i: int) -> None:

@@ -29,7 +29,7 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus error; users asked for one clear line instead."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -44,8 +44,9 @@ def _mutable_help() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(
+    p = OneLineParser(
         prog="python -m appo.train",
+        allow_abbrev=False,  # a prefix such as --num_worker is an error, not a guess
         description="Asynchronous PPO: actor workers, batched inference workers and one learner per policy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -214,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--pbt_target_objective", type=str, default="true_objective",
         help="What PBT ranks by, averaged over --stats_avg episodes: true_objective is the env's "
              "info['true_objective'] at an episode's end, or the episode return without it; any other name is a "
-             "numeric value in the info of an episode's last step. Never the shaped reward.")
+             "numeric value in the info of an episode's last step, or in its info['episode_extra_stats']. Never "
+             "the shaped reward.")
     add("--pbt_mix_policies_in_one_env", type=str2bool, default=True,
         help="Multi-agent envs: draw a policy per agent; False: one policy for all agents of an env.")
 

@@ -34,6 +34,11 @@ def latest_checkpoint(directory: str) -> str | None:
     return paths[-1] if paths else None
 
 
+def newest_checkpoints(exp_dir: str, num_policies: int) -> list[str | None]:
+    """Each policy's newest checkpoint (None for a policy without one)."""
+    return [latest_checkpoint(checkpoint_dir(exp_dir, p)) for p in range(num_policies)]
+
+
 def parse_name(path: str) -> tuple[int, int]:
     """(policy version, env steps) encoded in a checkpoint's file name."""
     match = _NAME.search(path)

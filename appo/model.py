@@ -75,6 +75,13 @@ class ActionDistribution:
             return samples[0][..., 0].long()
         return torch.cat(samples, dim=-1)
 
+    def mode(self) -> Tensor:
+        """The most likely action: the argmax of each discrete part, the mean of each Gaussian part."""
+        parts = [a.argmax(-1, keepdim=True).float() if kind == "discrete" else a for kind, a, _ in self.parts]
+        if self.scalar_action:
+            return parts[0][..., 0].long()
+        return torch.cat(parts, dim=-1)
+
     def log_prob(self, actions: Tensor) -> Tensor:
         total = 0.0
         for (kind, a, log_std), action in zip(self.parts, self._action_parts(actions)):

@@ -45,6 +45,8 @@ class Reports:
         self.objectives = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
         self.show_objective = cfg.with_pbt or cfg.target_objective is not None
+        # Per policy, each metric an env reports in info["episode_extra_stats"]: its last --stats_avg values.
+        self.extra_stats: list[dict[str, deque]] = [{} for _ in range(self.num_policies)]
         # Faults the run survived, since it started: env exceptions, non-finite rewards and observations (set to
         # 0), learner updates skipped for a non-finite loss or gradient, and worker restarts per role.
         self.env_errors = 0
@@ -94,11 +96,13 @@ class Reports:
         self.sampled_env_steps += data["env_steps"]
         self.env_errors += data["env_errors"]
         self.nonfinite_values += data["nonfinite"]
-        for policy, reward, length, objective in data["episodes"]:
+        for policy, reward, length, objective, extra in data["episodes"]:
             self.episodes[policy].append((reward, length))
             self.episodes_total[policy] += 1
             if objective is not None:
                 self.objectives[policy].append(objective)
+            for name, value in extra.items():
+                self.extra_stats[policy].setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
 
     def on_inference(self, name: str, data: dict) -> None:
         self.states[name] = (data["state"], time.monotonic())
@@ -188,6 +192,20 @@ class Reports:
                 return policy, mean
         return None
 
+    def final_stats(self) -> dict[int, dict[str, float]]:
+        """Per policy with finished episodes: the mean reward and length over the last --stats_avg episodes, the
+        number of episodes that mean is over and, when the env reports one, the mean objective."""
+        stats = {}
+        for policy in range(self.num_policies):
+            episode = self.mean_episode(policy)
+            if episode is None:
+                continue
+            stats[policy] = {"reward": episode[0], "length": episode[1], "episodes": len(self.episodes[policy])}
+            if self.objectives[policy]:
+                stats[policy]["objective"] = float(np.mean(self.objectives[policy]))
+            stats[policy].update({name: float(np.mean(values)) for name, values in self.extra_stats[policy].items()})
+        return stats
+
     def total_env_steps(self) -> int:
         return sum(self.env_steps)
 
@@ -220,6 +238,16 @@ class Reports:
             parts.append(self._population_text())
         return " | ".join(parts)
 
+    def summary_line(self, checkpoints: list[str | None]) -> str:
+        """The run in one line at its end: time, env steps, each policy's final mean reward, newest checkpoint."""
+        parts = [f"Summary: {time.monotonic() - self.start:.1f} s, {self.total_env_steps()} env steps"]
+        stats = self.final_stats()
+        for p in range(self.num_policies):
+            text = f"p{p}: reward {stats[p]['reward']:.2f} over {stats[p]['episodes']} episodes" if p in stats \
+                else f"p{p}: no finished episode"
+            parts.append(f"{text}, checkpoint {checkpoints[p] or 'none'}")
+        return " | ".join(parts)
+
     def _population_text(self) -> str:
         """The population's best and worst objective, over whatever episodes each policy has so far."""
         means = {p: float(np.mean(w)) for p, w in enumerate(self.objectives) if w}
@@ -240,6 +268,8 @@ class Reports:
             if episode is not None:
                 writer.add_scalar("episode/reward", episode[0], step)
                 writer.add_scalar("episode/length", episode[1], step)
+            for name, values in self.extra_stats[p].items():
+                writer.add_scalar(f"episode_extra/{name}", float(np.mean(values)), step)
             for key, value in self.learner_stats[p].items():
                 group = "lag" if key.startswith("lag") else "learner"
                 writer.add_scalar(f"{group}/{key}", value, step)

@@ -30,6 +30,7 @@ from appo.buffers import (
     weights_segment_name,
 )
 from appo.cfg import inference_groups, inference_name, lockstep
+from appo.checkpoint import newest_checkpoints
 from appo.supervisor import Death, Supervisor
 from envs import EnvInfo
 from utils.logs import log
@@ -341,3 +342,4 @@ class Runner:
             log.error("Run failed: %s", outcome.reason)
         else:
             log.info("Stopped: %s", outcome.reason)
+        log.info(self.reports.summary_line(newest_checkpoints(self.exp_dir, self.cfg.num_policies)))

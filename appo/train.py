@@ -8,6 +8,7 @@ checkpoint is not such a problem: it is moved aside and the newest intact one is
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from appo.buffers import Layout
 from appo.cfg import (
@@ -27,12 +30,18 @@ from appo.cfg import (
     resolve,
     save_cfg,
 )
-from appo.checkpoint import checkpoint_dir, free_path, latest_intact_checkpoint, list_checkpoints, parse_name
+from appo.checkpoint import (
+    checkpoint_dir,
+    free_path,
+    latest_intact_checkpoint,
+    list_checkpoints,
+    newest_checkpoints,
+    parse_name,
+)
 from appo.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
-
-EXIT_BAD_INPUT = 2
+from utils.process import EXIT_BAD_INPUT
 
 
 def prepare(cfg: argparse.Namespace, given: set[str]
@@ -143,23 +152,53 @@ class _KeptForLogFile(logging.StreamHandler):
         super().emit(record)
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class TrainResult:
+    """What `train()` returns: where the run is, how far it got and how its policies did at the end."""
+
+    exp_dir: str
+    env_steps: int  # over all policies, this run and the runs it resumed
+    stats: dict[int, dict[str, float]]  # per policy: mean episode reward, length (and objective) at the end
+    checkpoints: list[str | None]  # the newest checkpoint of each policy
+    reason: str  # why it stopped
+    completed: bool  # reached its budget or target (the experiment is marked done)
+    failed: bool = False
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Policy 0's newest checkpoint."""
+        return self.checkpoints[0]
+
+
+def flag_value(value: Any) -> str:
+    """A Python value as the command line spells it: dicts and lists as JSON, the rest as str()."""
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def train(env: str, **flags: Any) -> TrainResult:
+    """Train (or resume) as `python -m appo.train --env=ENV --FLAG=VALUE ...` would, and return the result:
+    `train(env="CartPole-v1", experiment="cartpole", target_reward=475)`. Bad flags raise `ConfigError` (an
+    env that cannot be made: `EnvError`) before anything is written. This process runs the runner (call it
+    from the main thread: it handles Ctrl-C) and forks the workers."""
+    return run([f"--env={env}"] + [f"--{name}={flag_value(value)}" for name, value in flags.items()])
+
+
+def run(argv: list[str]) -> TrainResult:
+    """The whole program after the command line: validate, prepare the dir, train, summarise."""
     kept = _KeptForLogFile()
     log.addHandler(kept)
     log.setLevel(logging.INFO)
     try:
         cfg, given = parse_args(argv)
         prepared = prepare(cfg, given)
-    except (ConfigError, EnvError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     finally:
         log.removeHandler(kept)
     exp_dir = experiment_dir(cfg)
     if prepared is None:
         print(f"Experiment {exp_dir} is already finished (delete {os.path.join(exp_dir, 'done')} to train it "
               "further, or pass --restart=True to start over)")
-        return 0
+        return TrainResult(exp_dir, sum(resume_env_steps(exp_dir, cfg.num_policies)), {},
+                           newest_checkpoints(exp_dir, cfg.num_policies), "already finished", completed=True)
     cfg, info, notes, initial_env_steps = prepared
     setup_logging(os.path.join(exp_dir, "log.txt"))
     for handler in log.handlers:
@@ -171,11 +210,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from appo.runner import Runner
 
-    outcome = Runner(cfg, info, exp_dir, initial_env_steps).run()
+    runner = Runner(cfg, info, exp_dir, initial_env_steps)
+    outcome = runner.run()
     if outcome.completed:
         with open(os.path.join(exp_dir, "done"), "w") as f:
             f.write(outcome.reason + "\n")
-    return 1 if outcome.failed else 0
+    return TrainResult(exp_dir, runner.reports.total_env_steps(), runner.reports.final_stats(),
+                       newest_checkpoints(exp_dir, cfg.num_policies), outcome.reason, outcome.completed,
+                       outcome.failed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = run(sys.argv[1:] if argv is None else argv)
+    except (ConfigError, EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 1 if result.failed else 0
 
 
 if __name__ == "__main__":

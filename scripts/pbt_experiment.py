@@ -3,11 +3,12 @@
 Presets (the flags each run gets are printed):
 - `cartpole`: 4 policies on CartPole-v1, all at a learning rate 100x below the default; solved is a mean
   reward of 475 over the last 100 episodes.
-- `mountaincar`: 2 policies on `mountain_car_shaped`, whose velocity bonus starts too small to learn from,
-  against single-policy runs at that bonus (all the machine's samples for one policy). Policies are ranked
-  by `progress` (how far toward the goal the car got, 1.0 at the goal; never the shaped reward): the goal
-  itself (`true_objective`) is 0 for everyone until someone reaches it, which ranks nothing. Solved is a
-  mean progress of 0.99 over the last 100 episodes: at least 96 of them reached the goal.
+- `mountaincar`: 4 policies on `mountain_car_shaped` (pushing costs fuel; the velocity bonus starts too small
+  to pay for it, so a policy learns to coast), against single-policy runs at that bonus (all the machine's
+  samples for one policy). Policies are ranked by `progress` (how far toward the goal the car got, 1.0 at
+  the goal; never the shaped reward): the goal itself (`true_objective`) is 0 for everyone until someone
+  reaches it, which ranks nothing. Solved is a mean progress of 0.99 over the last 100 episodes: at least
+  96 of them reached the goal.
 
     python scripts/pbt_experiment.py cartpole --runs 3 --out train_dir/pbt_cartpole [-- extra trainer flags]
 """
@@ -29,9 +30,8 @@ from time_to_solve import run_trainer  # noqa: E402
 PRESETS = {
     "cartpole": {"flags": ["--env=CartPole-v1", "--num_policies=4", "--learning_rate=1e-5"], "baseline": [],
                  "target": "--target_reward=475", "seconds": 180, "shaping": None},
-    # Raw MountainCar observations (velocity within +-0.07) learn slowly; a bit more entropy than the default lets
-    # a single run solve it within minutes once the bonus is 0.03-1 (0.01, the env's default, is too small).
-    "mountaincar": {"flags": ["--env=mountain_car_shaped", "--num_policies=2", "--exploration_loss_coeff=0.01",
+    # Pushing costs fuel, so a policy learns to coast unless the bonus pays for swinging (envs/shaped_mountain_car.py).
+    "mountaincar": {"flags": ["--env=mountain_car_shaped", "--num_policies=4", "--normalize_input=True",
                               "--pbt_target_objective=progress"],
                     "baseline": ["--num_policies=1"], "target": "--target_objective=0.99", "seconds": 300,
                     "shaping": "velocity_bonus"},

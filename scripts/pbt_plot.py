@@ -27,11 +27,13 @@ def plot(history: list[dict], out: str, title: str, shaping_key: str | None = No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # (key, label, log scale, drawn as steps: hyper-parameters hold their value until the next decision)
-    panels = [("objective", "objective (mean of last episodes)", False, False),
-              ("learning_rate", "learning rate", True, True)]
+    # (key, label, y scale, drawn as steps: hyper-parameters hold their value until the next decision). Shaping
+    # coefficients move by factors like the learning rate, but may be 0 or negative (then symlog).
+    panels = [("objective", "objective (mean of last episodes)", "linear", False),
+              ("learning_rate", "learning rate", "log", True)]
     if shaping_key:
-        panels.append((shaping_key, f"reward shaping: {shaping_key}", False, True))
+        positive = all(e["shaping_after"].get(shaping_key, 1.0) > 0 for e in history)
+        panels.append((shaping_key, f"reward shaping: {shaping_key}", "log" if positive else "symlog", True))
     figure, axes = plt.subplots(len(panels), 1, figsize=(9, 3.2 * len(panels)), sharex=True)
     policies = sorted({event["policy"] for event in history})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -54,11 +56,10 @@ def plot(history: list[dict], out: str, title: str, shaping_key: str | None = No
                     if key == "objective":
                         ax.annotate(f"<-p{e['donor']}", (x, y), fontsize=7, color=color,
                                     xytext=(3, 3), textcoords="offset points")
-    for ax, (_, label, log_scale, _) in zip(axes, panels):
+    for ax, (_, label, scale, _) in zip(axes, panels):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if log_scale:
-            ax.set_yscale("log")
+        ax.set_yscale(scale, **({"linthresh": 1e-2} if scale == "symlog" else {}))
     axes[0].set_title(f"{title}  (x: weights replaced, value after the decision; <-pN: donor)")
     axes[0].legend(fontsize=8, loc="best")
     axes[-1].set_xlabel("env steps of the policy")

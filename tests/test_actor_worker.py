@@ -157,11 +157,11 @@ def test_a_time_limit_is_stored_as_truncation_and_the_episode_is_reported():
         worker._step_split(0)
     assert (worker.traj.dones[slots, 0] == 0).all() and (worker.traj.dones[slots, 1] == TRUNCATED).all()
     assert len(worker.finished_episodes) == 2  # the split's two envs
-    for policy, reward, length, objective in worker.finished_episodes:
-        assert policy == 0 and length == 2
+    for policy, reward, length, objective, extra in worker.finished_episodes:
+        assert policy == 0 and length == 2 and extra == {}
         assert objective == reward  # PBT's default objective: the return, when the env reports no true_objective
     rewards = worker.traj.rewards[slots, :2].sum(axis=1)
-    assert sorted(r for _, r, _, _ in worker.finished_episodes) == sorted(rewards.tolist())
+    assert sorted(r for _, r, _, _, _ in worker.finished_episodes) == sorted(rewards.tolist())
 
 
 @pytest.mark.timeout(30)
@@ -183,7 +183,8 @@ def test_envs_play_with_their_policys_shaping_and_report_the_true_objective():
                     for _, slots in learner.get_many(block=False):
                         worker.sampler.slot_owed[p, slots] = 0
     assert len(worker.finished_episodes) == 4
-    for _, reward, length, objective in worker.finished_episodes:
+    for _, reward, length, objective, extra in worker.finished_episodes:
         assert length == 200 and objective == 0.0  # the goal was not reached, whatever the shaped return
-        assert reward > -200.0  # the velocity bonus is in the return the trainer reports
+        assert extra["true_objective"] == 0.0 and 0.0 < extra["progress"] < 1.0  # the env's own episode metrics
+        assert reward > extra["unshaped_return"]  # the velocity bonus is in the return the trainer reports
     assert all(scheme == {"velocity_bonus": [0.25, 2.0][p]} for p, scheme in shaping_of_envs())

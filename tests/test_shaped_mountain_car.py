@@ -4,7 +4,7 @@ import gymnasium as gym
 import pytest
 
 from envs import make_env
-from envs.shaped_mountain_car import DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
+from envs.shaped_mountain_car import DEFAULT_PUSH_COST, DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
 
 
 def _run_episode(env: gym.Env, policy) -> tuple[list[float], bool, bool, dict]:
@@ -32,7 +32,7 @@ def test_get_set_round_trip_and_unknown_key():
     assert make_env("mountain_car_shaped", {"velocity_bonus": 2.0}).get_reward_shaping() == {"velocity_bonus": 2.0}
 
 
-def test_bonus_is_added_per_step():
+def test_bonus_is_added_and_fuel_charged_per_step():
     shaped = make_shaped_mountain_car(velocity_bonus=0.5)
     plain = gym.make("MountainCar-v0", disable_env_checker=True)
     shaped.reset(seed=3)
@@ -41,31 +41,35 @@ def test_bonus_is_added_per_step():
         action = t % 3
         obs, reward, *_ = shaped.step(action)
         plain_obs, plain_reward, *_ = plain.step(action)
+        fuel = DEFAULT_PUSH_COST if action != 1 else 0.0  # action 1 coasts
         assert (obs == plain_obs).all()
-        assert reward == pytest.approx(plain_reward + 0.5 * abs(plain_obs[1]) / 0.07)
-        assert plain_reward <= reward <= plain_reward + 0.5
+        assert reward == pytest.approx(plain_reward - fuel + 0.5 * abs(plain_obs[1]) / 0.07)
+        assert plain_reward - fuel <= reward <= plain_reward - fuel + 0.5
     shaped.set_reward_shaping({"velocity_bonus": 0.0})  # takes effect on the next step
     _, reward, *_ = shaped.step(1)
     assert reward == -1.0
 
 
-def test_true_objective_and_unshaped_return_at_episode_end():
+def test_episode_metrics_at_episode_end():
     env = make_shaped_mountain_car(velocity_bonus=1.0)
     rewards, terminated, truncated, info = _run_episode(env, lambda obs: 1)  # no push: never gets there
+    extra = info["episode_extra_stats"]
     assert truncated and not terminated and len(rewards) == 200
-    assert info["true_objective"] == 0.0 and info["unshaped_return"] == -200.0
+    assert info["true_objective"] == extra["true_objective"] == 0.0
+    assert extra["unshaped_return"] == -200.0  # coasting burns no fuel
     assert sum(rewards) > -200.0  # the bonus, which the objective ignores
-    idle_progress = info["progress"]
+    idle_progress = extra["progress"]
     assert 0.3 < idle_progress < 0.6  # rolled a little way up from the valley floor, far from the goal
 
     rewards, terminated, truncated, info = _run_episode(env, lambda obs: 2 if obs[1] >= 0 and obs[0] < -0.3 else 0)
-    assert truncated and idle_progress < info["progress"] < 1.0  # swings higher without reaching the goal
+    assert truncated and idle_progress < info["episode_extra_stats"]["progress"] < 1.0  # higher, not there
 
     rewards, terminated, truncated, info = _run_episode(env, _bang_bang)
+    extra = info["episode_extra_stats"]
     assert terminated and len(rewards) < 200
-    assert info["true_objective"] == 1.0 and info["unshaped_return"] == -float(len(rewards))
-    assert info["progress"] == 1.0
+    assert info["true_objective"] == extra["true_objective"] == 1.0 and extra["progress"] == 1.0
+    assert extra["unshaped_return"] == pytest.approx(-(1.0 + DEFAULT_PUSH_COST) * len(rewards))  # pushed every step
 
     env.reset(seed=1)
     _, _, _, _, info = env.step(1)
-    assert "true_objective" not in info  # only at episode end
+    assert "true_objective" not in info and "episode_extra_stats" not in info  # only at episode end

@@ -18,7 +18,8 @@ from typing import Any
 
 from utils.logs import log
 
-EXIT_FATAL = 3
+EXIT_BAD_INPUT = 2  # a command-line program refused its flags or files (one line on stderr says why)
+EXIT_FATAL = 3  # a worker hit a condition a restart would meet again
 
 
 class FatalError(Exception):

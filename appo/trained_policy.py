@@ -1,0 +1,119 @@
+"""A trained policy in the caller's process: `load_policy(exp_dir or checkpoint)` then `act(obs)`.
+
+It needs no trainer process: the run's `cfg.json` rebuilds the model, one throw-away env instance gives
+the spaces (so a custom env must be registered or importable, as for training), and the checkpoint gives
+the weights with their input-normalisation statistics. `act` takes a batch of observations (or a single
+one) and returns actions in the form the env's `step` takes; a recurrent policy carries one state per
+batch row from call to call until `reset`.
+
+    from appo import load_policy
+    policy = load_policy("train_dir/cartpole")
+    action = policy.act(obs, deterministic=True)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from appo.cfg import build_parser, env_kwargs, load_saved_cfg, resolve
+from appo.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
+from appo.model import ActorCritic
+from appo.spaces import obs_as_dict, obs_spaces, to_env_action
+from envs import env_info
+
+
+class PolicyLoadError(Exception):
+    """The experiment or checkpoint cannot be loaded; the message names the path and what is missing."""
+
+
+def run_cfg(exp_dir: str) -> argparse.Namespace:
+    """The flags a run was trained with: the parser's defaults under the saved `cfg.json` (a run saved by an
+    older version lacks the flags added since)."""
+    path = os.path.join(exp_dir, "cfg.json")
+    if not os.path.exists(path):
+        raise PolicyLoadError(f"{exp_dir}: no cfg.json; is it an experiment dir (train_dir/experiment)?")
+    defaults = {action.dest: action.default for action in build_parser()._actions if action.dest != "help"}
+    return argparse.Namespace(**{**defaults, **load_saved_cfg(path)})
+
+
+def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str, str]:
+    """(experiment dir, checkpoint path): the newest intact checkpoint of `policy_id`, or the given file."""
+    if os.path.isfile(exp_dir_or_checkpoint):
+        checkpoint = exp_dir_or_checkpoint
+        exp_dir = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
+        try:
+            parse_name(checkpoint)
+        except ValueError as exc:
+            raise PolicyLoadError(f"{checkpoint}: not a checkpoint (checkpoint_<version>_<env_steps>.pth)") from exc
+        return exp_dir, checkpoint
+    exp_dir = exp_dir_or_checkpoint
+    if not os.path.isdir(exp_dir):
+        raise PolicyLoadError(f"{exp_dir}: no such experiment dir or checkpoint file")
+    checkpoint = latest_intact_checkpoint(checkpoint_dir(exp_dir, policy_id))
+    if checkpoint is None:
+        raise PolicyLoadError(f"{exp_dir}: no checkpoint of policy {policy_id} in {checkpoint_dir(exp_dir, policy_id)}")
+    return exp_dir, checkpoint
+
+
+class TrainedPolicy:
+    """A model with its spaces. `act` samples (or, deterministic, takes the most likely action)."""
+
+    def __init__(self, model: ActorCritic, cfg: argparse.Namespace, obs_space: gym.Space, action_space: gym.Space,
+                 num_agents: int, exp_dir: str, checkpoint: str, device: torch.device):
+        self.model, self.cfg, self.device = model.eval(), cfg, device
+        self.obs_space, self.action_space, self.num_agents = obs_space, action_space, num_agents
+        self.exp_dir, self.checkpoint = exp_dir, checkpoint
+        self.version, self.env_steps = parse_name(checkpoint)
+        self.rnn_states: torch.Tensor | None = None  # [batch, state size] while a recurrent policy is in use
+        self._obs_ranks = {key: len(space.shape) for key, space in obs_spaces(obs_space).items()}
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> Any:
+        """Actions for a batch of observations [batch, *obs shape] (a dict of such arrays for Dict spaces): a
+        list with one env action per row. A single observation gives a single action."""
+        obs = obs_as_dict(obs)
+        key, array = next(iter(obs.items()))
+        single = np.ndim(array) == self._obs_ranks[key]
+        tensors = {k: torch.as_tensor(np.asarray(v)[None] if single else np.asarray(v), device=self.device)
+                   for k, v in obs.items()}
+        batch = next(iter(tensors.values())).shape[0]
+        if self.rnn_states is None or self.rnn_states.shape[0] != batch:
+            self.rnn_states = torch.zeros(batch, self.model.state_size, device=self.device)
+        params, _, self.rnn_states = self.model.forward_step(tensors, self.rnn_states)
+        dist = self.model.distribution(params)
+        actions = (dist.mode() if deterministic else dist.sample()).cpu().numpy()
+        env_actions = [to_env_action(self.action_space, action) for action in actions]
+        return env_actions[0] if single else env_actions
+
+    def reset(self, rows: Any = None) -> None:
+        """Forget the recurrent state of the given batch rows (an episode there ended), or of all of them."""
+        if self.rnn_states is None:
+            return
+        if rows is None:
+            self.rnn_states = None
+        else:
+            self.rnn_states[torch.as_tensor(rows, device=self.device)] = 0.0
+
+
+def load_policy(exp_dir_or_checkpoint: str, policy_id: int = 0, device: str = "cpu") -> TrainedPolicy:
+    """The newest intact checkpoint of `policy_id` in an experiment dir, or a given checkpoint file."""
+    exp_dir, checkpoint = find_checkpoint(exp_dir_or_checkpoint, policy_id)
+    cfg = run_cfg(exp_dir)
+    if not 0 <= policy_id < cfg.num_policies:
+        raise PolicyLoadError(f"--policy={policy_id}: {exp_dir} trained policies 0..{cfg.num_policies - 1}")
+    info = env_info(cfg.env, env_kwargs(cfg))
+    cfg = resolve(cfg, info.num_agents)
+    torch_device = torch.device(device)
+    model = ActorCritic(info.obs_space, info.action_space, cfg).to(torch_device)
+    try:
+        model.load_state_dict(load_checkpoint(checkpoint, torch_device)["model"])
+    except (RuntimeError, KeyError, EOFError, OSError) as exc:
+        raise PolicyLoadError(f"{checkpoint}: cannot load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+    return TrainedPolicy(model, cfg, info.obs_space, info.action_space, info.num_agents, exp_dir, checkpoint,
+                         torch_device)

@@ -1,0 +1,245 @@
+"""After training: load_policy, enjoy (with video), ONNX and TorchScript export, the Python API."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from appo import load_policy
+from appo.cfg import parse_args, resolve, save_cfg
+from appo.checkpoint import checkpoint_dir, save_checkpoint
+from appo.enjoy import image_from_obs
+from appo.export import ExportedModel, example_inputs, export_policy, onnx_difference
+from appo.policy import Policy
+from appo.spaces import obs_spaces
+from appo.train import flag_value, train
+from appo.trained_policy import PolicyLoadError
+from envs import env_info
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPACES_ENV = "tests.space_envs:make_spaces_env"
+
+
+def make_experiment(train_dir, name: str, *flags: str, version: int = 3) -> str:
+    """An experiment dir as training leaves it (cfg.json and a checkpoint), with untrained random weights."""
+    cfg, _ = parse_args([f"--train_dir={train_dir}", f"--experiment={name}", *flags])
+    info = env_info(cfg.env, json.loads(cfg.env_kwargs))
+    cfg = resolve(cfg, info.num_agents)
+    exp_dir = os.path.join(str(train_dir), name)
+    os.makedirs(exp_dir)
+    save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
+    torch.manual_seed(0)
+    policy = Policy(0, cfg, (info.obs_space, info.action_space), torch.device("cpu"))
+    save_checkpoint(checkpoint_dir(exp_dir, 0), policy.state_dict(), version, 1000 * version, keep=2)
+    return exp_dir
+
+
+def run_module(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---------------------------------------------------------------- load_policy
+def test_load_policy_acts_single_and_batched(tmp_path):
+    exp_dir = make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
+    policy = load_policy(exp_dir)
+    assert (policy.version, policy.env_steps) == (3, 3000)
+    obs = np.zeros((5, 4), dtype=np.float32)
+    actions = policy.act(obs, deterministic=True)
+    assert len(actions) == 5 and all(a in (0, 1) for a in actions)
+    assert policy.act(obs[0], deterministic=True) == actions[0]  # one observation, one action
+    same_file = load_policy(policy.checkpoint)
+    assert same_file.act(obs, deterministic=True) == actions
+
+
+def test_deterministic_is_the_most_likely_action(tmp_path):
+    exp_dir = make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
+    policy = load_policy(exp_dir)
+    obs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    params, _, _ = policy.model.forward_step({"obs": torch.from_numpy(obs)}, torch.zeros(64, 0))
+    assert policy.act(obs, deterministic=True) == params.argmax(-1).tolist()
+
+
+def test_recurrent_state_is_carried_until_reset(tmp_path):
+    exp_dir = make_experiment(tmp_path, "rnn", "--env=CartPole-v1", "--use_rnn=True")
+    policy = load_policy(exp_dir)
+    obs = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    policy.act(obs)
+    carried = policy.rnn_states.clone()
+    assert carried.abs().sum() > 0
+    policy.act(obs)
+    assert not torch.equal(policy.rnn_states, carried)  # the state moved on from the carried one
+    policy.reset(rows=[1])
+    assert policy.rnn_states[1].abs().sum() == 0 and policy.rnn_states[0].abs().sum() > 0
+    policy.reset()
+    assert policy.rnn_states is None
+
+
+def test_load_policy_errors_name_the_path(tmp_path):
+    with pytest.raises(PolicyLoadError, match="no such experiment"):
+        load_policy(str(tmp_path / "missing"))
+    exp_dir = make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
+    with pytest.raises(PolicyLoadError, match="no checkpoint of policy 1"):
+        load_policy(exp_dir, policy_id=1)
+    bad = tmp_path / "model.pth"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(PolicyLoadError, match="not a checkpoint"):
+        load_policy(str(bad))
+
+
+# ---------------------------------------------------------------- enjoy
+def test_enjoy_plays_and_writes_a_video(tmp_path):
+    import imageio_ffmpeg
+
+    make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
+    video_dir = tmp_path / "videos"
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=cartpole", "--episodes=2",
+                     "--deterministic", "--save_video", f"--video_dir={video_dir}")
+    assert out.returncode == 0, out.stderr
+    summary = next(line for line in out.stdout.splitlines() if line.startswith("2 episodes: return"))
+    mean_length = float(summary.split("length ")[1].split(" ")[0])
+    frames = imageio_ffmpeg.read_frames(str(video_dir / "policy0_v3.mp4"))
+    meta = next(frames)
+    assert meta["size"] == (600, 400)  # CartPole's rgb_array frames, width x height
+    assert sum(1 for _ in frames) == round(2 * mean_length)  # one frame per step played
+
+
+def test_enjoy_multi_agent_and_bad_input(tmp_path):
+    make_experiment(tmp_path, "coop", "--env=coop_multi_agent")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episodes=3")
+    assert out.returncode == 0, out.stderr
+    assert "3 episodes: return" in out.stdout
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--save_video")
+    assert out.returncode == 2 and "--save_video" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=missing")
+    assert out.returncode == 2 and "no such experiment" in out.stderr
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episode=3")
+    assert out.returncode == 2 and "--episode" in out.stderr  # no abbreviations
+
+
+def test_video_frame_from_image_observations():
+    stacked = np.arange(4 * 84 * 84, dtype=np.uint8).reshape(4, 84, 84)
+    frame = image_from_obs(stacked)
+    assert frame.shape == (84, 84, 3) and (frame[..., 0] == stacked[-1]).all()
+    rgb = np.zeros((36, 36, 3), dtype=np.uint8)
+    assert image_from_obs(rgb) is rgb
+
+
+# ---------------------------------------------------------------- export
+@pytest.mark.parametrize("name,flags", [
+    ("mlp", ["--env=CartPole-v1", "--normalize_input=True"]),
+    ("cnn", [f"--env={SPACES_ENV}", '--env_kwargs={"obs": "image"}']),
+    ("gru", ["--env=CartPole-v1", "--use_rnn=True"]),
+    ("dict_box", [f"--env={SPACES_ENV}", '--env_kwargs={"obs": "dict", "action": "box"}']),
+])
+def test_onnx_matches_torch(tmp_path, name, flags):
+    exp_dir = make_experiment(tmp_path, name, *flags)
+    policy = load_policy(exp_dir)
+    path = export_policy(policy, "onnx", str(tmp_path / f"{name}.onnx"))
+    module = ExportedModel(policy.model, list(obs_spaces(policy.obs_space)))
+    assert onnx_difference(path, module, policy, samples=100, seed=1) <= 1e-5
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    assert outputs[:2] == ["action_params", "values"] and (outputs[2:] == ["next_rnn_states"]) == (name == "gru")
+
+
+def test_torchscript_matches_torch(tmp_path):
+    exp_dir = make_experiment(tmp_path, "gru", "--env=CartPole-v1", "--use_rnn=True")
+    policy = load_policy(exp_dir)
+    path = export_policy(policy, "torchscript", str(tmp_path / "gru.pt"))
+    loaded = torch.jit.load(path)
+    inputs = [torch.from_numpy(x) for x in example_inputs(policy, 7, np.random.default_rng(2))]
+    module = ExportedModel(policy.model, ["obs"])
+    with torch.no_grad():
+        for ours, theirs in zip(loaded(*inputs), module(*inputs)):
+            assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_export_command(tmp_path):
+    make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
+    out = run_module("appo.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=onnx")
+    assert out.returncode == 0, out.stderr
+    assert os.path.exists(tmp_path / "cartpole" / "export" / "policy0.onnx")
+    out = run_module("appo.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=tflite")
+    assert out.returncode == 2 and "--format" in out.stderr
+
+
+# ---------------------------------------------------------------- Python API
+def test_flag_values_are_spelled_as_on_the_command_line():
+    assert flag_value(True) == "True" and flag_value(0.5) == "0.5"
+    assert json.loads(flag_value({"velocity_bonus": 0.5})) == {"velocity_bonus": 0.5}
+
+
+def test_train_raises_on_bad_flags_and_writes_nothing(tmp_path):
+    from appo.cfg import ConfigError
+
+    with pytest.raises(ConfigError, match="num_workers"):
+        train(env="CartPole-v1", experiment="bad", train_dir=str(tmp_path), num_workers=0)
+    with pytest.raises(ConfigError):
+        train(env="CartPole-v1", experiment="bad", train_dir=str(tmp_path), num_worker=2)  # no abbreviations
+    assert not os.path.exists(tmp_path / "bad")
+
+
+@pytest.mark.timeout(300)
+def test_api_script_trains_then_plays_in_one_process(tmp_path):
+    """scripts/api_cartpole.py: train() to a mean of 475, load_policy(), 20 deterministic episodes."""
+    out = subprocess.run([sys.executable, "scripts/api_cartpole.py", f"--train_dir={tmp_path}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["completed"] and result["env_steps"] > 0 and os.path.exists(result["checkpoint"])
+    assert result["mean_return"] >= 475, result
+
+
+# ---------------------------------------------------------------- plot
+def write_run(train_dir, name: str, rewards: list[float]) -> str:
+    from tensorboardX import SummaryWriter
+
+    run_dir = os.path.join(str(train_dir), name)
+    with SummaryWriter(os.path.join(run_dir, "summaries", "0")) as writer:
+        for i, reward in enumerate(rewards):
+            writer.add_scalar("episode/reward", reward, 1000 * (i + 1))
+    return run_dir
+
+
+def test_plot_groups_seeds_into_mean_and_range(tmp_path):
+    from appo.plot import group_runs, mean_and_range, read_curve
+
+    runs = [write_run(tmp_path, f"cartpole_{seed}", [10.0 * seed + i for i in range(5 + seed)]) for seed in range(3)]
+    other = write_run(tmp_path, "pendulum", [-1000.0, -500.0])
+    assert group_runs([*runs, other]) == {"cartpole": runs, "pendulum": [other]}
+    grid, mean, low, high = mean_and_range([read_curve(run, "episode/reward", 0, "env_steps") for run in runs])
+    assert grid[0] == 1000 and grid[-1] == 5000  # up to where the shortest run ends
+    assert mean[0] == pytest.approx(10.0) and low[0] == 0.0 and high[0] == 20.0
+
+    out = run_module("appo.plot", *runs, other, f"--out={tmp_path / 'curves.png'}", "--x=seconds")
+    assert out.returncode == 0, out.stderr
+    import matplotlib.image
+
+    assert matplotlib.image.imread(tmp_path / "curves.png").shape[:2] == (500, 800)
+    out = run_module("appo.plot", str(tmp_path / "missing"), f"--out={tmp_path / 'x.png'}")
+    assert out.returncode == 2 and "no tensorboard summaries" in out.stderr
+    out = run_module("appo.plot", *runs, "--tag=episode/objective", f"--out={tmp_path / 'x.png'}")
+    assert out.returncode == 2 and "episode/reward" in out.stderr  # names the scalars it has
+
+
+# ---------------------------------------------------------------- custom metrics and the summary line
+@pytest.mark.timeout(90)
+def test_custom_episode_metrics_reach_tensorboard_and_the_summary(trainer):
+    from appo.plot import read_curve
+
+    out = trainer.run("--env=mountain_car_shaped", "--experiment=metrics", "--num_workers=1",
+                      "--num_envs_per_worker=8", "--train_for_env_steps=60000", "--experiment_summaries_interval=1",
+                      timeout=80)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    run_dir = os.path.join(trainer.train_dir, "metrics")
+    _, progress = read_curve(run_dir, "episode_extra/progress", 0, "env_steps")
+    _, goal = read_curve(run_dir, "episode_extra/true_objective", 0, "env_steps")
+    assert len(progress) > 0 and ((progress > 0) & (progress <= 1)).all() and ((goal >= 0) & (goal <= 1)).all()
+    summary = next(line for line in out.stdout.splitlines() if "Summary:" in line)
+    assert " env steps | p0: reward " in summary and "checkpoint_p0/checkpoint_" in summary
