@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from appo.cfg import ConfigError, OneLineParser, env_kwargs, str2bool
-from appo.trained_policy import PolicyLoadError, TrainedPolicy, load_policy
+from appo.cfg import ConfigError, env_kwargs, str2bool
+from appo.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
 from envs import EnvError, make_env
 from envs.atari import is_atari_name
 from utils.logs import log, setup_logging
@@ -29,13 +29,8 @@ from utils.process import EXIT_BAD_INPUT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m appo.enjoy", description=__doc__, allow_abbrev=False,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("python -m appo.enjoy", __doc__, "Which policy of a multi-policy run plays.")
     add = parser.add_argument
-    add("--experiment", type=str, default=None, help="Experiment name (a folder under --train_dir).")
-    add("--train_dir", type=str, default="train_dir", help="Folder holding the experiments.")
-    add("--checkpoint", type=str, default=None, help="A checkpoint file to load instead of the newest one.")
-    add("--policy", type=int, default=0, help="Which policy of a multi-policy run plays.")
     add("--episodes", type=int, default=10, help="Episodes to play.")
     add("--deterministic", type=str2bool, nargs="?", const=True, default=False,
         help="Take the most likely action instead of sampling one.")
@@ -153,18 +148,10 @@ def summary(episodes: list[Episode]) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except ConfigError as exc:
-        print(f"appo.enjoy: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.experiment is None and args.checkpoint is None:
-        print("appo.enjoy: error: --experiment (or --checkpoint) is required", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.episodes < 1 or args.max_frames < 1:
-        print("appo.enjoy: error: --episodes and --max_frames must be 1 or more", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    source = args.checkpoint or os.path.join(args.train_dir, args.experiment)
-    setup_logging()
-    try:
+        if args.episodes < 1 or args.max_frames < 1:
+            raise ConfigError("--episodes and --max_frames must be 1 or more")
+        source = policy_source(args)
+        setup_logging()
         policy = load_policy(source, args.policy, args.device)
         video_path = None
         if args.save_video:

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from appo.cfg import ConfigError, OneLineParser
+from appo.cfg import ConfigError
 from appo.model import ActorCritic
 from appo.spaces import obs_spaces
-from appo.trained_policy import PolicyLoadError, TrainedPolicy, load_policy
+from appo.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
 from envs import EnvError
 from utils.process import EXIT_BAD_INPUT
 
@@ -113,13 +113,8 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m appo.export", description=__doc__, allow_abbrev=False,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("python -m appo.export", __doc__, "Which policy of a multi-policy run to export.")
     add = parser.add_argument
-    add("--experiment", type=str, default=None, help="Experiment name (a folder under --train_dir).")
-    add("--train_dir", type=str, default="train_dir", help="Folder holding the experiments.")
-    add("--checkpoint", type=str, default=None, help="A checkpoint file to export instead of the newest one.")
-    add("--policy", type=int, default=0, help="Which policy of a multi-policy run to export.")
     add("--format", type=str, default="onnx", choices=sorted(FORMATS), help="File format.")
     add("--out", type=str, default=None,
         help="Output file (default: <experiment dir>/export/policy<K>.onnx or .pt).")
@@ -129,9 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        if args.experiment is None and args.checkpoint is None:
-            raise ConfigError("--experiment (or --checkpoint) is required")
-        policy = load_policy(args.checkpoint or os.path.join(args.train_dir, args.experiment), args.policy)
+        policy = load_policy(policy_source(args), args.policy)
     except (ConfigError, PolicyLoadError, EnvError) as exc:
         print(f"appo.export: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from appo.cfg import build_parser, env_kwargs, load_saved_cfg, resolve
+from appo.cfg import ConfigError, OneLineParser, build_parser, env_kwargs, load_saved_cfg, resolve
 from appo.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.model import ActorCritic
 from appo.spaces import obs_as_dict, obs_spaces, to_env_action
@@ -117,3 +117,22 @@ def load_policy(exp_dir_or_checkpoint: str, policy_id: int = 0, device: str = "c
         raise PolicyLoadError(f"{checkpoint}: cannot load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
     return TrainedPolicy(model, cfg, info.obs_space, info.action_space, info.num_agents, exp_dir, checkpoint,
                          torch_device)
+
+
+def command_parser(prog: str, description: str, policy_help: str) -> argparse.ArgumentParser:
+    """The parser of a command that loads a trained policy (enjoy, export), with the flags that say which."""
+    parser = OneLineParser(prog=prog, description=description, allow_abbrev=False,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--experiment", type=str, default=None, help="Experiment name (a folder under --train_dir).")
+    add("--train_dir", type=str, default="train_dir", help="Folder holding the experiments.")
+    add("--checkpoint", type=str, default=None, help="A checkpoint file to load instead of the newest one.")
+    add("--policy", type=int, default=0, help=policy_help)
+    return parser
+
+
+def policy_source(args: argparse.Namespace) -> str:
+    """The checkpoint file or experiment dir the flags of `command_parser` name."""
+    if args.experiment is None and args.checkpoint is None:
+        raise ConfigError("--experiment (or --checkpoint) is required")
+    return args.checkpoint or os.path.join(args.train_dir, args.experiment)

@@ -118,6 +118,8 @@ def test_enjoy_multi_agent_and_bad_input(tmp_path):
     assert out.returncode == 2 and "--save_video" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=missing")
     assert out.returncode == 2 and "no such experiment" in out.stderr
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}")
+    assert out.returncode == 2 and "--experiment (or --checkpoint) is required" in out.stderr
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episode=3")
     assert out.returncode == 2 and "--episode" in out.stderr  # no abbreviations
 
@@ -170,6 +172,14 @@ def test_export_command(tmp_path):
 
 
 # ---------------------------------------------------------------- Python API
+def test_package_exports_the_functions_without_loading_torch():
+    code = ("import sys; from appo import train; import appo, appo.train; "
+            "assert callable(train) and appo.train is train, appo.train; "
+            "assert 'torch' not in sys.modules; "  # the runner forks workers from here: it must stay torch-free
+            "from appo import load_policy; assert callable(load_policy)")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
 def test_flag_values_are_spelled_as_on_the_command_line():
     assert flag_value(True) == "True" and flag_value(0.5) == "0.5"
     assert json.loads(flag_value({"velocity_bonus": 0.5})) == {"velocity_bonus": 0.5}
