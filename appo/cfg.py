@@ -47,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m appo.train",
         allow_abbrev=False,  # a prefix such as --num_worker is an error, not a guess
-        description="Asynchronous PPO: actor workers, batched inference workers and one learner per policy.",
+        description="Asynchronous PPO: actor workers, batched inference workers and one learner per policy. "
+                    "Sample Factory's names are accepted too: --num_epochs (--ppo_epochs), --num_batches_per_epoch "
+                    "(--num_batches_per_iteration), --rnn_size (--hidden_size, which also sets the MLP width), "
+                    "--restart_behavior=resume|restart|overwrite (--restart; nothing is ever deleted), --device=gpu "
+                    "(cuda).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = p.add_argument
@@ -355,8 +359,40 @@ def explicit_flags(argv: list[str]) -> set[str]:
     return names
 
 
+# Sample Factory's names for the same flags, so its command lines and configs carry over.
+FLAG_ALIASES = {"num_epochs": "ppo_epochs", "num_batches_per_epoch": "num_batches_per_iteration",
+                "rnn_size": "hidden_size"}
+# --restart_behavior=VALUE is --restart=... (overwrite too only renames the old experiment aside: nothing is deleted)
+RESTART_BEHAVIORS = {"resume": "False", "restart": "True", "overwrite": "True"}
+
+
+def translate_aliases(argv: list[str]) -> list[str]:
+    """The command line with Sample Factory's flag names and values spelled this trainer's way: --num_epochs,
+    --num_batches_per_epoch, --rnn_size, --restart_behavior and --device=gpu."""
+    tokens = []
+    for token in argv:  # `--flag value` becomes `--flag=value` first, so each flag is one token
+        if tokens and tokens[-1].startswith("--") and "=" not in tokens[-1] and not token.startswith("--") \
+                and tokens[-1][2:] in (*FLAG_ALIASES, "restart_behavior", "device"):
+            tokens[-1] = f"{tokens[-1]}={token}"
+        else:
+            tokens.append(token)
+    translated = []
+    for token in tokens:
+        name, _, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if name in FLAG_ALIASES:
+            token = f"--{FLAG_ALIASES[name]}={value}"
+        elif name == "restart_behavior":
+            if value not in RESTART_BEHAVIORS:
+                raise ConfigError(f"--restart_behavior={value}: must be one of {sorted(RESTART_BEHAVIORS)}")
+            token = f"--restart={RESTART_BEHAVIORS[value]}"
+        elif name == "device" and value == "gpu":
+            token = "--device=cuda"
+        translated.append(token)
+    return translated
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[str]]:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = translate_aliases(sys.argv[1:] if argv is None else argv)
     cfg = build_parser().parse_args(argv)
     validate(cfg)
     return cfg, explicit_flags(argv)

@@ -174,3 +174,18 @@ def test_help_explains_every_flag():
                  "--num_minibatches_to_accumulate", "--save_every_sec", "--device", "--with_pbt",
                  "--pbt_period_env_steps", "--pbt_replace_reward_gap", "--pbt_target_objective"):
         assert flag in result.stdout
+
+
+def test_sample_factory_flag_names_are_accepted_and_count_as_given():
+    from appo.cfg import ConfigError, parse_args
+
+    cfg, given = parse_args(["--env=CartPole-v1", "--num_epochs", "4", "--num_batches_per_epoch=8", "--rnn_size=32",
+                             "--restart_behavior=overwrite", "--device=gpu"])
+    assert (cfg.ppo_epochs, cfg.num_batches_per_iteration, cfg.hidden_size) == (4, 8, 32)
+    assert cfg.restart is True and cfg.device == "cuda"
+    assert {"ppo_epochs", "num_batches_per_iteration", "hidden_size", "restart"} <= given  # they override a resume
+    assert parse_args(["--env=CartPole-v1", "--restart_behavior=resume"])[0].restart is False
+    with pytest.raises(ConfigError, match=r"--restart_behavior=delete: must be one of \['overwrite', 'restart'"):
+        parse_args(["--env=CartPole-v1", "--restart_behavior=delete"])
+    with pytest.raises(ConfigError, match="num_epoch"):  # a prefix is an error, not a guess
+        parse_args(["--env=CartPole-v1", "--num_epoch=4"])
