@@ -34,7 +34,6 @@ REPORT_INTERVAL_S = 1.0
 NO_CALL, MAKE, RESET, STEP = range(len(SamplerState.ENV_CALLS))
 
 
-
 def extra_stats(info: dict) -> dict[str, float]:
     """An env's own episode metrics: the numeric values of `info["episode_extra_stats"]` (a dict) at the end of
     an episode; they are averaged per policy like the reward and written to tensorboard (episode_extra/)."""
@@ -42,6 +41,7 @@ def extra_stats(info: dict) -> dict[str, float]:
     if not isinstance(extra, dict):
         return {}
     return {str(k): float(v) for k, v in extra.items() if isinstance(v, (int, float, np.number)) and math.isfinite(v)}
+
 
 class Split:
     """One group of envs that step together; `t` is the step index inside the current trajectory.
@@ -90,7 +90,7 @@ class ActorWorker:
         self.nonfinite_reported: set[tuple[int, int]] = set()  # (split, env) already reported
         # What this worker is inside (SamplerState.ENV_CALLS), for the runner's hang detection.
         self.call, self.call_env, self.call_since = sampler.actor_call, sampler.actor_call_env, sampler.actor_call_since
-        # (policy, return, length, PBT objective or None) of the episodes finished since the last report
+        # (policy, return, length, PBT objective or None, extra_stats) of the episodes finished since the last report
         self.finished_episodes: list[tuple[int, float, int, float | None, dict[str, float]]] = []
         self.splits: list[Split] = []
         self.last_report = time.monotonic()

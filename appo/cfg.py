@@ -48,10 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m appo.train",
         allow_abbrev=False,  # a prefix such as --num_worker is an error, not a guess
         description="Asynchronous PPO: actor workers, batched inference workers and one learner per policy. "
-                    "Sample Factory's names are accepted too: --num_epochs (--ppo_epochs), --num_batches_per_epoch "
-                    "(--num_batches_per_iteration), --rnn_size (--hidden_size, which also sets the MLP width), "
-                    "--restart_behavior=resume|restart|overwrite (--restart; nothing is ever deleted), --device=gpu "
-                    "(cuda).",
+                    "Sample Factory's flag names are accepted too (listed next to ours; --rnn_size is --hidden_size, "
+                    "which also sets the MLP width).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = p.add_argument
@@ -72,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seeds weights, env resets and action sampling. With one worker, split, policy and inference "
              "worker the run is then repeatable (the actor waits for each policy update).")
     add("--device", type=str, default="auto",
-        help="Where inference and learning run: cpu, cuda, cuda:N, or auto (cuda when available).")
+        help="Where inference and learning run: cpu, cuda (or gpu), cuda:N, or auto (cuda when available).")
+    add("--restart_behavior", type=str, default=None, choices=sorted(RESTART_BEHAVIORS),
+        help="Sample Factory's name for --restart: resume is False, restart and overwrite are True (the old "
+             "experiment is renamed aside; nothing is ever deleted).")
 
     g = p.add_argument_group("sampling")
     add = g.add_argument
@@ -143,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--normalize_returns", type=str2bool, default=False,
         help="Learn values in units of the running mean/std of the value targets, whatever the reward scale; "
              "an alternative to tuning --reward_scale.")
-    add("--hidden_size", type=int, default=64, help="Width of the MLP encoder layers and of the RNN core.")
+    add("--hidden_size", "--rnn_size", type=int, default=64,
+        help="Width of the MLP encoder layers and of the RNN core.")
     add("--mlp_layers", type=int, default=2, help="Number of hidden layers in the MLP encoder.")
     add("--use_rnn", type=str2bool, default=False, help="Use a recurrent core after the encoder.")
     add("--rnn_type", type=str, default="gru", choices=["gru", "lstm"], help="Recurrent core type.")
@@ -153,9 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("learning")
     add = g.add_argument
     add("--batch_size", type=int, default=1024, help="Samples (env steps) per SGD minibatch.")
-    add("--num_batches_per_iteration", type=int, default=2,
+    add("--num_batches_per_iteration", "--num_batches_per_epoch", type=int, default=2,
         help="Minibatches per training iteration; an iteration uses batch_size * this many fresh samples.")
-    add("--ppo_epochs", type=int, default=2, help="Passes over each iteration's samples.")
+    add("--ppo_epochs", "--num_epochs", type=int, default=2, help="Passes over each iteration's samples.")
     add("--num_minibatches_to_accumulate", type=int, default=2,
         help="When more minibatches than this wait at a learner, actors pause collecting for that policy.")
     add("--ppo_clip_ratio", type=float, default=0.1,
@@ -350,52 +352,33 @@ def resolve(cfg: argparse.Namespace, num_agents: int = 1) -> argparse.Namespace:
     return cfg
 
 
-def explicit_flags(argv: list[str]) -> set[str]:
-    """Names of the flags the user typed on the command line (for resume overrides)."""
+# Sample Factory's --restart_behavior values, as --restart.
+RESTART_BEHAVIORS = {"resume": False, "restart": True, "overwrite": True}
+
+
+def explicit_flags(argv: list[str], parser: argparse.ArgumentParser) -> set[str]:
+    """Names (dests) of the flags the user typed on the command line, aliases included (for resume overrides)."""
+    dests = {option[2:]: action.dest for action in parser._actions for option in action.option_strings}
+    dests["restart_behavior"] = "restart"
     names = set()
     for token in argv:
         if token.startswith("--"):
-            names.add(token[2:].split("=", 1)[0])
+            name = token[2:].split("=", 1)[0]
+            names.add(dests.get(name, name))
     return names
 
 
-# Sample Factory's names for the same flags, so its command lines and configs carry over.
-FLAG_ALIASES = {"num_epochs": "ppo_epochs", "num_batches_per_epoch": "num_batches_per_iteration",
-                "rnn_size": "hidden_size"}
-# --restart_behavior=VALUE is --restart=... (overwrite too only renames the old experiment aside: nothing is deleted)
-RESTART_BEHAVIORS = {"resume": "False", "restart": "True", "overwrite": "True"}
-
-
-def translate_aliases(argv: list[str]) -> list[str]:
-    """The command line with Sample Factory's flag names and values spelled this trainer's way: --num_epochs,
-    --num_batches_per_epoch, --rnn_size, --restart_behavior and --device=gpu."""
-    tokens = []
-    for token in argv:  # `--flag value` becomes `--flag=value` first, so each flag is one token
-        if tokens and tokens[-1].startswith("--") and "=" not in tokens[-1] and not token.startswith("--") \
-                and tokens[-1][2:] in (*FLAG_ALIASES, "restart_behavior", "device"):
-            tokens[-1] = f"{tokens[-1]}={token}"
-        else:
-            tokens.append(token)
-    translated = []
-    for token in tokens:
-        name, _, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
-        if name in FLAG_ALIASES:
-            token = f"--{FLAG_ALIASES[name]}={value}"
-        elif name == "restart_behavior":
-            if value not in RESTART_BEHAVIORS:
-                raise ConfigError(f"--restart_behavior={value}: must be one of {sorted(RESTART_BEHAVIORS)}")
-            token = f"--restart={RESTART_BEHAVIORS[value]}"
-        elif name == "device" and value == "gpu":
-            token = "--device=cuda"
-        translated.append(token)
-    return translated
-
-
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[str]]:
-    argv = translate_aliases(sys.argv[1:] if argv is None else argv)
-    cfg = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    cfg = parser.parse_args(argv)
+    behavior = vars(cfg).pop("restart_behavior")
+    if behavior is not None:
+        cfg.restart = RESTART_BEHAVIORS[behavior]
+    if cfg.device == "gpu":
+        cfg.device = "cuda"
     validate(cfg)
-    return cfg, explicit_flags(argv)
+    return cfg, explicit_flags(argv, parser)
 
 
 BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "impala_resnet")
