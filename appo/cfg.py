@@ -256,6 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seconds between tensorboard summary writes.")
     add("--report_interval", type=float, default=5.0, help="Seconds between printed status lines.")
     add("--stats_avg", type=int, default=100, help="Episodes averaged in reported mean reward and length.")
+
+    g = p.add_argument_group("evaluation during training")
+    add = g.add_argument
+    add("--eval_every_env_steps", type=int, default=0,
+        help="Every this many env steps of a policy, play --eval_episodes deterministic episodes (most likely "
+             "action) with its newest weights on envs of their own, in one low-priority evaluator process; the "
+             "results go to tensorboard (eval/) and the status line. 0: no evaluation.")
+    add("--eval_episodes", type=int, default=10, help="Episodes per evaluation.")
+    add("--save_best_metric", type=str, default="reward",
+        help="Evaluation result that picks a policy's best weights, kept as checkpoint_p<policy>/best.pth apart "
+             "from the rolling checkpoints (higher is better): reward (the mean return), or an episode metric the "
+             "env reports in info['episode_extra_stats'].")
     return p
 
 
@@ -264,7 +276,7 @@ POSITIVE_INTS = [
     "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies", "policy_workers_per_policy",
     "rollout", "min_traj_buffers_per_worker", "hidden_size", "batch_size", "num_batches_per_iteration",
     "ppo_epochs", "num_minibatches_to_accumulate", "keep_checkpoints", "stats_avg", "train_for_env_steps",
-    "benchmark_env_steps", "benchmark_samples", "learner_torch_threads",
+    "benchmark_env_steps", "benchmark_samples", "learner_torch_threads", "eval_episodes",
 ]
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
                    "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds",
@@ -281,6 +293,8 @@ def validate(cfg: argparse.Namespace) -> None:
     for name in POSITIVE_FLOATS:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name}={getattr(cfg, name)}: must be positive")
+    if cfg.eval_every_env_steps < 0:
+        raise ConfigError(f"--eval_every_env_steps={cfg.eval_every_env_steps}: must be 0 (no evaluation) or more")
     if cfg.max_worker_restarts < 0:
         raise ConfigError(f"--max_worker_restarts={cfg.max_worker_restarts}: must be 0 or more")
     if not 0 <= cfg.actor_niceness <= 19:

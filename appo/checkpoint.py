@@ -10,6 +10,7 @@ written: a run that diverged keeps its last good checkpoints.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import zipfile
@@ -17,6 +18,8 @@ import zipfile
 from utils.logs import log
 
 _NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pth$")
+# The best evaluated weights of a policy (appo/evaluator.py), next to its rolling checkpoints and never rotated.
+BEST_NAME = "best.pth"
 
 
 def checkpoint_dir(exp_dir: str, policy_id: int) -> str:
@@ -94,11 +97,11 @@ def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, k
     float tensor of `state["model"]` holds NaN or inf: resuming from it could never recover."""
     import torch
 
-    for name, tensor in state["model"].items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            log.error("%s: policy checkpoint not written: non-finite values in %s; keeping the previous checkpoints",
-                      directory, name)
-            return None
+    bad = nonfinite_tensor(state["model"])
+    if bad is not None:
+        log.error("%s: policy checkpoint not written: non-finite values in %s; keeping the previous checkpoints",
+                  directory, bad)
+        return None
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"checkpoint_{version:09d}_{env_steps}.pth")
     tmp = f"{path}.tmp"
@@ -107,6 +110,44 @@ def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, k
     for old in list_checkpoints(directory)[:-keep]:
         os.remove(old)
     return path
+
+
+def nonfinite_tensor(model_state: dict) -> str | None:
+    """The name of a float tensor holding NaN or inf, or None."""
+    import torch
+
+    for name, tensor in model_state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def save_best(directory: str, state: dict, record: dict) -> str | None:
+    """Write `state` (weights, version, env steps) as `best.pth` and `record` (what made it the best) as
+    `best.json`, each to a temporary name first: a reader sees the previous pair or the new one. None, and
+    nothing written, for non-finite weights."""
+    import torch
+
+    if nonfinite_tensor(state["model"]) is not None:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, BEST_NAME)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+    record_path = os.path.join(directory, "best.json")
+    with open(f"{record_path}.tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(f"{record_path}.tmp", record_path)
+    return path
+
+
+def read_best(directory: str) -> dict | None:
+    """The `best.json` record of a policy's best checkpoint, or None (none yet, or unreadable)."""
+    try:
+        with open(os.path.join(directory, "best.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def load_checkpoint(path: str, device) -> dict:

@@ -15,15 +15,22 @@ import argparse
 import os
 import statistics
 import sys
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
-from appo.cfg import ConfigError, env_kwargs, str2bool
-from appo.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
+from appo.cfg import ConfigError, str2bool
+from appo.trained_policy import (
+    Episode,
+    PolicyLoadError,
+    TrainedPolicy,
+    command_parser,
+    episode_env_kwargs,
+    load_policy,
+    play,
+    policy_source,
+)
 from envs import EnvError, make_env
-from envs.atari import is_atari_name
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
 
@@ -41,15 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--video_dir", type=str, default=None, help="Where the mp4 goes (default: <experiment dir>/videos).")
     add("--fps", type=float, default=None,
         help="Frames per second of the video (default: the env's render_fps over its frame skip, else 30).")
-    add("--seed", type=int, default=0, help="Seed of the first episode (the others follow from it).")
+    add("--seed", type=int, default=0, help="Episode k starts from seed SEED + k.")
     add("--device", type=str, default="cpu", help="Torch device for the model.")
     return parser
-
-
-@dataclass
-class Episode:
-    reward: float  # the mean over agents for a multi-agent env
-    length: int
 
 
 class Recorder:
@@ -87,9 +88,7 @@ def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | No
                   ) -> tuple[gym.Env, Recorder | None]:
     """The run's env (Atari: whole games with unclipped scores); with a video, asked to render rgb_array
     frames, or observed as images when it cannot."""
-    kwargs = env_kwargs(policy.cfg)
-    if is_atari_name(policy.cfg.env):
-        kwargs.update(episodic_life=False, clip_rewards=False)
+    kwargs = episode_env_kwargs(policy.cfg)
     if video_path is None:
         return make_env(policy.cfg.env, kwargs), None
     try:
@@ -106,29 +105,6 @@ def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | No
         raise EnvError(f"--save_video: --env={policy.cfg.env} renders no rgb_array frames and does not observe "
                        "images; play without --save_video")
     return env, Recorder(env, False, video_path, fps or video_fps(env))
-
-
-def play(policy: TrainedPolicy, env: gym.Env, episodes: int, deterministic: bool, max_frames: int, seed: int,
-         recorder: Recorder | None = None) -> list[Episode]:
-    """Play up to `episodes` episodes (and at most `max_frames` steps); the finished ones' returns and lengths."""
-    finished: list[Episode] = []
-    steps = 0
-    obs, _ = env.reset(seed=seed)
-    while len(finished) < episodes and steps < max_frames:
-        policy.reset()
-        total, length, done = 0.0, 0, False
-        while not done and steps < max_frames:
-            if recorder is not None:
-                recorder.capture(obs)
-            obs, reward, terminated, truncated, _ = env.step(policy.act(obs, deterministic=deterministic))
-            total += float(np.mean(reward))
-            length, steps = length + 1, steps + 1
-            done = bool(terminated or truncated)
-        if done:
-            finished.append(Episode(total, length))
-            log.info("Episode %d: return %.2f, length %d", len(finished), total, length)
-            obs, _ = env.reset()
-    return finished
 
 
 def video_fps(env: gym.Env) -> float:
@@ -164,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("Playing policy %d of %s (version %d, %d env steps)", args.policy, policy.checkpoint, policy.version,
              policy.env_steps)
     try:
-        episodes = play(policy, env, args.episodes, args.deterministic, args.max_frames, args.seed, recorder)
+        episodes = play(policy, [env], args.episodes, args.deterministic, args.max_frames, args.seed,
+                        None if recorder is None else recorder.capture)
     finally:
         env.close()
         if recorder is not None:

@@ -164,11 +164,12 @@ class Learner:
 
     def __init__(self, cfg, layout: Layout, spaces, policy_id: int, traj: TrajBuffers, sampler: SamplerState,
                  inboxes: list, actor_inboxes: list, report_queue, weights_name: str, exp_dir: str,
-                 hyperparams: dict[str, float] | None = None):
+                 hyperparams: dict[str, float] | None = None, report_iterations: bool = False):
         self.cfg, self.layout, self.policy_id = cfg, layout, policy_id
         self.sampler, self.inbox, self.learner_inboxes = sampler, inboxes[policy_id], inboxes
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
         self.exp_dir = exp_dir
+        self.report_iterations = report_iterations  # an "iteration" report per iteration (user hooks want them)
         self.device = resolve_device(cfg.device)
         self.traj = traj.torch_views()
         self.checkpoint_dir = checkpoint_dir(exp_dir, policy_id)
@@ -223,8 +224,11 @@ class Learner:
 
     def save(self) -> None:
         policy = self.policy
-        save_checkpoint(self.checkpoint_dir, policy.state_dict(), policy.version, policy.env_steps,
-                        self.cfg.keep_checkpoints)
+        path = save_checkpoint(self.checkpoint_dir, policy.state_dict(), policy.version, policy.env_steps,
+                               self.cfg.keep_checkpoints)
+        if path is not None:
+            self.report_queue.put(("checkpoint", self.policy_id, {"path": path, "version": policy.version,
+                                                                  "env_steps": policy.env_steps}))
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
@@ -370,6 +374,7 @@ class Learner:
             batch = self._collect(slots)
         if batch is None:
             return
+        iteration_stats: dict[str, list[float]] = defaultdict(list)
         with self.timing.time("sgd"):
             model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
             batch["bootstrap"] = bootstrap_values(model, batch)
@@ -389,11 +394,16 @@ class Learner:
                     self._count_update(step_stats is not None)
                     for key, value in (step_stats or {}).items():
                         self.stats[key].append(value)
+                        iteration_stats[key].append(value)
             self.samples += n * cfg.rollout
             policy.version += 1
             self.weights.publish(policy.version)
             self.sampler.learner_env_steps[self.policy_id] = policy.env_steps
             self.sampler.learner_train_steps[self.policy_id] = policy.train_steps
+        if self.report_iterations:
+            self.report_queue.put(("iteration", self.policy_id, {
+                "version": policy.version, "env_steps": policy.env_steps,
+                "stats": {key: float(np.mean(values)) for key, values in iteration_stats.items()}}))
 
     def _count_update(self, applied: bool) -> None:
         """Count applied and skipped (non-finite) updates; stop the run when updates keep failing."""
@@ -426,8 +436,8 @@ class Learner:
 
 
 def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,
-                exp_dir, hyperparams) -> None:
+                exp_dir, hyperparams, report_iterations) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(cfg.learner_torch_threads)
     Learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,
-            exp_dir, hyperparams).run()
+            exp_dir, hyperparams, report_iterations).run()

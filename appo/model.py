@@ -320,7 +320,9 @@ class ActorCritic(nn.Module):
         self.value_head = _linear(size, 1, 1.0)
         # --normalize_returns: the value head predicts targets in units of their running mean/std.
         self.returns_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
-        self.state_size = cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1) if cfg.use_rnn else 0
+        # Recurrent state of one trunk (LSTM: h and c); the whole state (`state_size`) holds every trunk's.
+        self.trunk_state_size = cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1) if cfg.use_rnn else 0
+        self.state_size = self.trunk_state_size * len(self.trunks)
 
     def _trunk(self, obs_space: gym.Space, cfg) -> nn.ModuleDict:
         encoder = ObsEncoder(obs_space, cfg)
@@ -390,7 +392,7 @@ class ActorCritic(nn.Module):
         for i, trunk in enumerate(self.trunks):
             x = trunk["encoder"](flat, self.obs_norms)
             if self.use_rnn:
-                state = states[:, i * self.state_size:(i + 1) * self.state_size]
+                state = states[:, i * self.trunk_state_size:(i + 1) * self.trunk_state_size]
                 x = x.reshape(n, length, -1)
                 steps = []
                 for t in range(length):

@@ -49,13 +49,21 @@ MUTABLE: dict[str, Bounds] = {
     "gae_lambda": Bounds(0.5, 1.0, from_zero=1e-3, discount_like=True),
     "gamma": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True),
 }
-# Reward-shaping coefficients an env exposes are perturbed with these bounds.
+# Reward-shaping coefficients an env exposes are perturbed within these bounds, unless the env declares its own.
 SHAPING_BOUNDS = Bounds(-1e3, 1e3, from_zero=1e-3)
+
+
+def shaping_bounds(declared: dict[str, tuple[float, float]]) -> dict[str, Bounds]:
+    """Bounds for the coefficients an env declares a range for (`get_reward_shaping_bounds()`): a value below
+    `low` is lost in the env's own reward, one above `high` swamps it. A coefficient at 0 moves to `low`, or
+    to SHAPING_BOUNDS' first step when `low` is 0 or below."""
+    return {key: Bounds(low, high, from_zero=low if low > 0 else SHAPING_BOUNDS.from_zero)
+            for key, (low, high) in declared.items()}
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The --pbt_* flags that the decisions use."""
+    """The --pbt_* flags that the decisions use, and the bounds of the env's reward-shaping coefficients."""
 
     period_env_steps: int
     start_mutation: int
@@ -65,12 +73,13 @@ class Settings:
     replace_reward_gap_absolute: float
     perturb_min: float
     perturb_max: float
+    shaping_bounds: dict[str, Bounds] = field(default_factory=dict)  # SHAPING_BOUNDS for the rest
 
     @staticmethod
-    def from_cfg(cfg) -> Settings:
+    def from_cfg(cfg, shaping_bounds: dict[str, Bounds] | None = None) -> Settings:
         return Settings(cfg.pbt_period_env_steps, cfg.pbt_start_mutation, cfg.pbt_replace_fraction,
                         cfg.pbt_mutation_rate, cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute,
-                        cfg.pbt_perturb_min, cfg.pbt_perturb_max)
+                        cfg.pbt_perturb_min, cfg.pbt_perturb_max, dict(shaping_bounds or {}))
 
 
 @dataclass
@@ -157,12 +166,12 @@ def perturb(value: float, bounds: Bounds, rng: random.Random, perturb_min: float
     return min(bounds.high, max(bounds.low, new))
 
 
-def explore(values: dict[str, float], bounds: dict[str, Bounds] | Bounds, rng: random.Random,
-            settings: Settings) -> dict[str, float]:
-    """Each value perturbed with probability --pbt_mutation_rate."""
+def explore(values: dict[str, float], bounds: dict[str, Bounds], rng: random.Random, settings: Settings,
+            default: Bounds | None = None) -> dict[str, float]:
+    """Each value perturbed with probability --pbt_mutation_rate, within `bounds[name]` (else `default`)."""
     explored = {}
     for name, value in values.items():
-        b = bounds if isinstance(bounds, Bounds) else bounds[name]
+        b = bounds.get(name, default)
         mutate = rng.random() < settings.mutation_rate
         explored[name] = perturb(value, b, rng, settings.perturb_min, settings.perturb_max) if mutate else value
     return explored
@@ -203,7 +212,7 @@ def decide(env_steps: list[int], objectives: list[float | None], members: list[M
             hyperparams_before=dict(member.hyperparams),
             hyperparams_after=explore(source.hyperparams, MUTABLE, rng, settings),
             shaping_before=dict(member.shaping),
-            shaping_after=explore(source.shaping, SHAPING_BOUNDS, rng, settings)))
+            shaping_after=explore(source.shaping, settings.shaping_bounds, rng, settings, SHAPING_BOUNDS)))
     return events
 
 
@@ -224,10 +233,20 @@ def pbt_dir(exp_dir: str) -> str:
     return os.path.join(exp_dir, "pbt")
 
 
-def initial_members(cfg, num_policies: int, shaping: dict[str, float]) -> list[Member]:
-    """Every policy starts from the flags' values (and the env's shaping); exploring sets them apart."""
+def initial_members(cfg, num_policies: int, shaping: dict[str, float], bounds: dict[str, Bounds] | None = None,
+                    rng: random.Random | None = None) -> list[Member]:
+    """Every policy starts from the flags' hyper-parameters and the env's shaping, except that a coefficient the
+    env declares a range for (`bounds`) is a guess worth spreading: policies 1..N-1 draw it from that range,
+    log-uniformly when the range is positive (policy 0 keeps the env's value). Exploring sets them apart
+    further."""
     hyperparams = {name: float(getattr(cfg, name)) for name in mutable_names(cfg)}
-    return [Member(dict(hyperparams), dict(shaping)) for _ in range(num_policies)]
+    members = [Member(dict(hyperparams), dict(shaping)) for _ in range(num_policies)]
+    for member in members[1:]:
+        for key, b in (bounds or {}).items():
+            if key in member.shaping:
+                member.shaping[key] = (math.exp(rng.uniform(math.log(b.low), math.log(b.high))) if b.low > 0
+                                       else rng.uniform(b.low, b.high))
+    return members
 
 
 def save_population(exp_dir: str, members: list[Member]) -> None:
@@ -254,12 +273,13 @@ def load_population(exp_dir: str, num_policies: int) -> list[Member] | None:
     return members
 
 
-def restore_population(exp_dir: str, cfg, shaping: dict[str, float]) -> list[Member]:
+def restore_population(exp_dir: str, cfg, shaping: dict[str, float], bounds: dict[str, Bounds],
+                       rng: random.Random) -> list[Member]:
     """The population a run starts with: the saved one when resuming (values the run now mutates but the file
-    lacks, e.g. gamma after turning on --pbt_optimize_gamma, come from the flags), else a fresh one.
-    Weight transfers a stopped run left half done are discarded."""
+    lacks, e.g. gamma after turning on --pbt_optimize_gamma, come from the flags), else a fresh one
+    (`initial_members`). Weight transfers a stopped run left half done are discarded."""
     members = load_population(exp_dir, cfg.num_policies)
-    fresh = initial_members(cfg, cfg.num_policies, shaping)
+    fresh = initial_members(cfg, cfg.num_policies, shaping, bounds, rng)
     if members is None:
         return fresh
     for member, default in zip(members, fresh):

@@ -16,6 +16,12 @@ import psutil
 from appo.cfg import inference_groups
 
 FPS_WINDOWS = (10, 60, 300)
+# Printed lines fit 120 columns with the log prefix "[HH:MM:SS][MainProcess] " (24 characters).
+LINE_WIDTH = 96
+# --train_for_env_steps and --train_for_seconds default to 1e10: that means no budget, not a 300-year ETA.
+NO_BUDGET = 10_000_000_000
+# An ETA beyond this is shown as unknown ("ETA -").
+MAX_ETA_S = 100 * 86400
 
 
 # What each component's timing keys mean, in the order the benchmark table shows them.
@@ -47,6 +53,8 @@ class Reports:
         self.show_objective = cfg.with_pbt or cfg.target_objective is not None
         # Per policy, each metric an env reports in info["episode_extra_stats"]: its last --stats_avg values.
         self.extra_stats: list[dict[str, deque]] = [{} for _ in range(self.num_policies)]
+        # Per policy, the newest evaluation (appo/evaluator.py): version, env_steps, results.
+        self.evaluations: list[dict | None] = [None] * self.num_policies
         # Faults the run survived, since it started: env exceptions, non-finite rewards and observations (set to
         # 0), learner updates skipped for a non-finite loss or gradient, and worker restarts per role.
         self.env_errors = 0
@@ -104,6 +112,12 @@ class Reports:
             for name, value in extra.items():
                 self.extra_stats[policy].setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
 
+    def on_evaluation(self, policy: int, data: dict) -> None:
+        """Keep the newest evaluation for the status line and write all its results under eval/."""
+        self.evaluations[policy] = data
+        for name, value in data["results"].items():
+            self.writers[policy].add_scalar(f"eval/{name}", value, data["env_steps"])
+
     def on_inference(self, name: str, data: dict) -> None:
         self.states[name] = (data["state"], time.monotonic())
         self.inference_obs += data["samples"]
@@ -138,8 +152,67 @@ class Reports:
             self.timing[component][key] += seconds
 
     # ---------------------------------------------------------------- derived numbers
-    def tick(self) -> None:
+    # Kept by tick() (made on first use): total env steps over time, for the ETA of a step budget, and each
+    # policy's best full-window mean reward with the episode count it was last checked at.
+    env_step_history: deque | None = None
+    best_rewards: list[float | None] | None = None
+    _best_checked_at: list[int] | None = None
+
+    def tick(self, learner_env_steps: np.ndarray | None = None) -> None:
+        """Called every runner loop; `learner_env_steps` (SamplerState.learner_env_steps, which learners set
+        after every iteration) keeps the env-step counts current between the learners' reports."""
         self._append(self.frame_history, self.sampled_env_steps)
+        if learner_env_steps is not None:
+            self.env_steps = [max(ours, int(theirs)) for ours, theirs in zip(self.env_steps, learner_env_steps)]
+        if self.env_step_history is None:
+            self.env_step_history = deque()
+        self._append(self.env_step_history, self.total_env_steps())
+        self._track_best_rewards()
+
+    def _track_best_rewards(self) -> None:
+        """Each policy's best mean reward over a full --stats_avg window so far; recomputed only when episodes
+        came in since the last check."""
+        if self.best_rewards is None:
+            self.best_rewards = [None] * self.num_policies
+            self._best_checked_at = [0] * self.num_policies
+        for p in range(self.num_policies):
+            if self.episodes_total[p] == self._best_checked_at[p]:
+                continue
+            self._best_checked_at[p] = self.episodes_total[p]
+            mean = self.full_window_mean(p, "reward")
+            if mean is not None and (self.best_rewards[p] is None or mean > self.best_rewards[p]):
+                self.best_rewards[p] = mean
+
+    def env_step_rate(self, window: float = 60.0) -> float:
+        """Env steps per second (the count the budget is in: all policies' learners) over the last window."""
+        return self._rate(self.env_step_history, window) if self.env_step_history else 0.0
+
+    def progress(self) -> tuple[float, str, float | None] | None:
+        """How far the run is toward the budget closest to done: (fraction done, that budget in words, seconds
+        left or None when unknown); None when no budget is set. Step budgets estimate the time left from the
+        env-step rate of the last minute; --train_for_seconds counts this session, as the runner does."""
+        cfg, budgets = self.cfg, []
+        elapsed = time.monotonic() - self.start
+
+        def steps_budget(done: float, budget: float, rate: float, what: str) -> None:
+            eta = max(budget - done, 0) / rate if rate > 0 else None
+            budgets.append((done / budget, f"{_si(budget, trim=True)} {what}", eta))
+
+        if cfg.train_for_env_steps < NO_BUDGET:
+            steps_budget(self.total_env_steps(), cfg.train_for_env_steps, self.env_step_rate(), "steps")
+        if cfg.train_for_seconds < NO_BUDGET:
+            budgets.append((elapsed / cfg.train_for_seconds, _duration(cfg.train_for_seconds),
+                            max(cfg.train_for_seconds - elapsed, 0.0)))
+        if cfg.benchmark:  # counted from the moment every actor samples, as the runner does
+            _, env_steps, samples = self.measured()
+            steps_budget(env_steps, cfg.benchmark_env_steps, self._rate(self.frame_history, 60), "benchmark steps")
+            if not cfg.sampler_only:
+                steps_budget(samples, cfg.benchmark_samples,
+                             sum(self.sample_throughput(p, 60) for p in range(self.num_policies)), "benchmark samples")
+        if not budgets:
+            return None
+        fraction, budget, eta = max(budgets, key=lambda b: b[0])
+        return min(fraction, 1.0), budget, eta if eta is not None and eta <= MAX_ETA_S else None
 
     @staticmethod
     def _append(history: deque, count: int) -> None:
@@ -203,7 +276,8 @@ class Reports:
             stats[policy] = {"reward": episode[0], "length": episode[1], "episodes": len(self.episodes[policy])}
             if self.objectives[policy]:
                 stats[policy]["objective"] = float(np.mean(self.objectives[policy]))
-            stats[policy].update({name: float(np.mean(values)) for name, values in self.extra_stats[policy].items()})
+            for name, values in self.extra_stats[policy].items():  # the trainer's own names win
+                stats[policy].setdefault(name, float(np.mean(values)))
         return stats
 
     def total_env_steps(self) -> int:
@@ -211,42 +285,75 @@ class Reports:
 
     # ---------------------------------------------------------------- output
     def status_line(self) -> str:
-        fps = ", ".join(f"{w}s: {self.fps(w):.1f}" for w in FPS_WINDOWS)
-        parts = [f"FPS ({fps}) | env steps {self.total_env_steps()}"]
-        if self.env_errors:
-            parts[0] += f", env errors {self.env_errors} (episodes lost, envs rebuilt)"
-        if self.nonfinite_values:
-            parts[0] += f", non-finite values {self.nonfinite_values} (set to 0)"
-        if any(self.skipped_updates):
-            parts[0] += f", updates skipped (non-finite) {sum(self.skipped_updates)}"
-        restarts = ", ".join(f"{role} {n}" for role, n in sorted(self.restarts.items()) if n)
-        if restarts:
-            parts[0] += f", restarts: {restarts}"
+        """The status, one line each for: progress (percent of the budget, elapsed time, ETA, env steps, FPS over
+        10 s, 60 s and 300 s), every policy, the faults survived (when any) and the PBT population; every line
+        at most LINE_WIDTH characters (a long one goes on, indented, on the next)."""
+        self._track_best_rewards()
+        elapsed = _duration(time.monotonic() - self.start)
+        progress = self.progress()
+        if progress is None:
+            head = f"no budget, {elapsed} elapsed, ETA -"
+        else:
+            fraction, budget, eta = progress
+            head = f"{fraction:.1%} of {budget} in {elapsed}, ETA {'-' if eta is None else _duration(eta)}"
+        fps = "/".join(_si(self.fps(w)) for w in FPS_WINDOWS)
+        windows = "/".join(f"{w}s" for w in FPS_WINDOWS)
+        lines = _fit([head, f" | env steps {self.total_env_steps()}", f" | FPS {windows} {fps}"])
         for p in range(self.num_policies):
             stats = self.learner_stats[p]
             episode = self.mean_episode(p)
-            text = f"p{p}: v{self.versions[p]} {self.sample_throughput(p):.0f} samples/s"
-            if "lag_avg" in stats:
-                text += f", lag {stats['lag_min']:.0f}/{stats['lag_avg']:.1f}/{stats['lag_max']:.0f}"
+            pieces = [f"p{p}: v{self.versions[p]}"]
             if episode is not None:
-                text += (f", reward {episode[0]:.2f} length {episode[1]:.1f} "
-                         f"({len(self.episodes[p])} of {self.episodes_total[p]} episodes)")
+                pieces[0] += f", reward {episode[0]:.2f} length {episode[1]:.1f}"
+                pieces.append(f" ({len(self.episodes[p])} of {self.episodes_total[p]} episodes)")
+            else:
+                pieces.append(", no finished episode yet")
             if self.show_objective and self.objectives[p]:
-                text += f", objective {np.mean(self.objectives[p]):.3f}"
-            parts.append(text)
+                pieces.append(f", objective {np.mean(self.objectives[p]):.3f}")
+            pieces.append(f", {_si(self.sample_throughput(p))} samples/s")
+            if "lag_avg" in stats:
+                pieces.append(f", lag {stats['lag_min']:.0f}/{stats['lag_avg']:.1f}/{stats['lag_max']:.0f}")
+            evaluation = self.evaluations[p]
+            if evaluation is not None:
+                results = evaluation["results"]
+                pieces.append(f", eval {results['reward']:.2f} ± {results['reward_std']:.2f} "
+                              f"at {_si(evaluation['env_steps'])} steps")
+            lines += _fit(pieces, indent="  ")
+        faults = []
+        if self.env_errors:
+            faults.append(f"env errors {self.env_errors} (episodes lost, envs rebuilt)")
+        if self.nonfinite_values:
+            faults.append(f"non-finite values {self.nonfinite_values} (set to 0)")
+        if any(self.skipped_updates):
+            faults.append(f"updates skipped (non-finite) {sum(self.skipped_updates)}")
+        restarts = ", ".join(f"{role} {n}" for role, n in sorted(self.restarts.items()) if n)
+        if restarts:
+            faults.append(f"restarts: {restarts}")
+        if faults:
+            lines += _fit([f"faults: {faults[0]}"] + [f", {fault}" for fault in faults[1:]], indent="  ")
         if self.hyperparams is not None:
-            parts.append(self._population_text())
-        return " | ".join(parts)
+            lines += _fit([self._population_text()], indent="  ")
+        return "\n".join(lines)
 
     def summary_line(self, checkpoints: list[str | None]) -> str:
-        """The run in one line at its end: time, env steps, each policy's final mean reward, newest checkpoint."""
-        parts = [f"Summary: {time.monotonic() - self.start:.1f} s, {self.total_env_steps()} env steps"]
+        """The run at its end: time, env steps, and per policy the final mean reward (last --stats_avg episodes),
+        the best full-window mean reward of this session and the newest checkpoint; one line each."""
+        self._track_best_rewards()
+        seconds = time.monotonic() - self.start
+        took = f"{seconds:.1f} s" + (f" ({_duration(seconds)})" if seconds >= 60 else "")
+        lines = [f"Summary: {took}, {self.total_env_steps()} env steps"]
         stats = self.final_stats()
         for p in range(self.num_policies):
-            text = f"p{p}: reward {stats[p]['reward']:.2f} over {stats[p]['episodes']} episodes" if p in stats \
-                else f"p{p}: no finished episode"
-            parts.append(f"{text}, checkpoint {checkpoints[p] or 'none'}")
-        return " | ".join(parts)
+            if p in stats:
+                best = self.best_rewards[p]
+                lines += _fit([f"p{p}: final reward {stats[p]['reward']:.2f}",
+                               f" (best {'-' if best is None else f'{best:.2f}'})",
+                               f" over {stats[p]['episodes']} episodes"], indent="  ")
+            else:
+                lines.append(f"  p{p}: no finished episode")
+            # The one line that may pass LINE_WIDTH: only by the length of the checkpoint's path, left whole.
+            lines.append(f"  p{p} checkpoint: {checkpoints[p] or 'none'}")
+        return "\n".join(lines)
 
     def _population_text(self) -> str:
         """The population's best and worst objective, over whatever episodes each policy has so far."""
@@ -336,6 +443,44 @@ class Reports:
     def close(self) -> None:
         for writer in self._writers or []:
             writer.close()
+
+
+def _si(value: float, trim: bool = False) -> str:
+    """A count in at most 5 characters, 3 significant digits: 950, 41.2k, 33.0k, 412k, 1.23M (trim: 33k, 1M)."""
+    if abs(value) < 999.5:
+        return f"{value:.0f}"
+    for unit in "kMGT":
+        value /= 1000
+        if abs(value) < 999.5 or unit == "T":
+            break
+    if trim:
+        return f"{value:.3g}{unit}"
+    decimals = next(d for d in (2, 1, 0) if abs(round(value, d)) < 10 ** (3 - d) or d == 0)
+    return f"{value:.{decimals}f}{unit}"
+
+
+def _duration(seconds: float) -> str:
+    """Seconds in at most 6 characters: 42s, 3m12s, 2h05m, 3d04h."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _fit(pieces: list[str], indent: str = "", more: str = "    ") -> list[str]:
+    """Join pieces (each after the first starts with its separator, e.g. ", lag 0/1.2/3") into lines of at most
+    LINE_WIDTH characters: a piece that does not fit starts a new line, indented further, without its separator."""
+    lines = [indent + pieces[0]]
+    for piece in pieces[1:]:
+        if len(lines[-1]) + len(piece) <= LINE_WIDTH:
+            lines[-1] += piece
+        else:
+            lines.append(indent + more + piece.lstrip(" ,|"))
+    return lines
 
 
 def _cpu_busy(before, after) -> float:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 import psutil
-from faster_fifo import Empty
+from faster_fifo import Empty, Full
 
 from appo import pbt
 from appo.buffers import (
@@ -31,6 +31,7 @@ from appo.buffers import (
 )
 from appo.cfg import inference_groups, inference_name, lockstep
 from appo.checkpoint import newest_checkpoints
+from appo.hooks import CheckpointSaved, EpisodeEnd, Evaluation, Hooks, LearnerIteration
 from appo.supervisor import Death, Supervisor
 from envs import EnvInfo
 from utils.logs import log
@@ -49,7 +50,7 @@ class Outcome:
 
 
 class Runner:
-    def __init__(self, cfg, env: EnvInfo, exp_dir: str, initial_env_steps: list[int]):
+    def __init__(self, cfg, env: EnvInfo, exp_dir: str, initial_env_steps: list[int], hooks: Hooks | None = None):
         from appo.reporting import Reports
 
         self.cfg, self.env, self.exp_dir = cfg, env, exp_dir
@@ -69,13 +70,19 @@ class Runner:
         self.inference_queues = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)]
                                  for _ in groups]
         self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
+        # Evaluation requests; each policy is due again --eval_every_env_steps after its last request.
+        self.eval_inbox = make_queue() if cfg.eval_every_env_steps else None
+        self.next_eval = [steps + cfg.eval_every_env_steps for steps in initial_env_steps]
+        self.hooks = hooks or Hooks()
+        self.hook_failure: str | None = None
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
         self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
         self.population: list[pbt.Member] | None = None
         if cfg.with_pbt:
-            self.population = pbt.restore_population(exp_dir, cfg, env.reward_shaping)
-            self.pbt_settings = pbt.Settings.from_cfg(cfg)
+            self.pbt_settings = pbt.Settings.from_cfg(cfg, pbt.shaping_bounds(env.reward_shaping_bounds))
             self.pbt_rng = random.Random(cfg.seed)
+            self.population = pbt.restore_population(exp_dir, cfg, env.reward_shaping,
+                                                     self.pbt_settings.shaping_bounds, self.pbt_rng)
             self._publish_population()
         self.interrupted = False
 
@@ -85,6 +92,8 @@ class Runner:
         named = [("report queue", self.report_queue)]
         named += [(f"actor_{w} inbox", q) for w, q in enumerate(self.actor_inboxes)]
         named += [(f"learner_p{p} inbox", q) for p, q in enumerate(self.learner_inboxes)]
+        if self.eval_inbox is not None:
+            named.append(("evaluator inbox", self.eval_inbox))
         named += [(f"{inference_name(self.cfg, g, i)} wake-up queue", q)
                   for g, queues in enumerate(self.inference_queues) for i, q in enumerate(queues)]
         return named
@@ -103,7 +112,8 @@ class Runner:
             add(f"learner_p{p}", "appo.learner", "run_learner", lambda p=p: (
                 cfg, layout, self.spaces, p, self.traj, sampler, self.learner_inboxes, self.actor_inboxes,
                 self.report_queue, weights_names[p], self.exp_dir,
-                None if self.population is None else self.population[p].hyperparams),
+                None if self.population is None else self.population[p].hyperparams,
+                bool(self.hooks.on_learner_iteration)),
                 cleanup=lambda p=p: sampler.pause_collection.__setitem__(p, 0), inbox=self.learner_inboxes[p])
         for g in range(len(self.inference_queues)):
             for i in range(cfg.policy_workers_per_policy):
@@ -113,6 +123,10 @@ class Runner:
                     # actors must stop sending wake-ups to a queue nobody reads
                     cleanup=lambda g=g, i=i: sampler.inference_idle.__setitem__((g, i), 0),
                     inbox=self.inference_queues[g][i])
+        if self.eval_inbox is not None:
+            add("evaluator", "appo.evaluator", "run_evaluator", lambda: (
+                cfg, self.spaces, self.env.num_agents, sampler, self.eval_inbox, self.report_queue, weights_names,
+                self.exp_dir), cleanup=lambda: None, inbox=self.eval_inbox)
         for w in range(cfg.num_workers):
             add(f"actor_{w}", "appo.actor_worker", "run_actor_worker", lambda w=w: (
                 cfg, layout, w, self.traj, sampler, self.actor_inboxes[w], self.inference_queues,
@@ -150,15 +164,18 @@ class Runner:
         last_status = last_summary = start
         while True:
             self._drain_reports(timeout=0.05)
-            reports.tick()
+            reports.tick(self.sampler.learner_env_steps)
             now = time.monotonic()
             outcome = self._check_stop(now - start)
             if outcome is not None:
                 return outcome
             if self.population is not None:
                 self._pbt_step()
+            if self.eval_inbox is not None:
+                self._request_evaluations()
             if now - last_status >= cfg.report_interval:
-                log.info(reports.status_line())
+                for line in reports.status_line().splitlines():  # one log line each: all fit 120 columns
+                    log.info(line)
                 last_status = now
             if now - last_summary >= cfg.experiment_summaries_interval:
                 reports.write_summaries(self._memory_mb())
@@ -173,14 +190,45 @@ class Runner:
             kind = message[0]
             if kind == "actor":
                 self.reports.on_actor(message[1], message[2])
+                if self.hooks.on_episode_end:
+                    for policy, reward, length, objective, extra in message[2]["episodes"]:
+                        self._call_hooks("on_episode_end", EpisodeEnd(policy, reward, length, objective, extra,
+                                                                      self.reports.env_steps[policy]))
             elif kind == "inference":
                 self.reports.on_inference(message[1], message[2])
             elif kind == "learner":
                 self.reports.on_learner(message[1], message[2])
+            elif kind == "iteration":
+                self._call_hooks("on_learner_iteration", LearnerIteration(message[1], **message[2]))
+            elif kind == "checkpoint":
+                self._call_hooks("on_checkpoint", CheckpointSaved(message[1], **message[2]))
+            elif kind == "evaluation":
+                self.reports.on_evaluation(message[1], message[2])
+                self._call_hooks("on_evaluation", Evaluation(message[1], **message[2]))
             elif kind == "ready":
                 self.supervisor.on_ready(message[1])
             elif kind in ("error", "fatal"):
                 self.supervisor.on_error(message[1], message[2], fatal=kind == "fatal")
+
+    def _call_hooks(self, name: str, event: object) -> None:
+        """Run the user's hooks for an event; the first one that raises stops the run (see appo/hooks.py)."""
+        for hook in getattr(self.hooks, name):
+            if self.hook_failure is not None:
+                return
+            try:
+                hook(event)
+            except Exception as exc:
+                log.exception("The %s hook %s raised", name, getattr(hook, "__qualname__", hook))
+                self.hook_failure = (f"the {name} hook {getattr(hook, '__qualname__', hook)} raised "
+                                     f"{type(exc).__name__}: {exc}")
+
+    def _request_evaluations(self) -> None:
+        """Ask the evaluator for every policy that took --eval_every_env_steps since it was last asked."""
+        for p, steps in enumerate(self.reports.env_steps):
+            if steps >= self.next_eval[p]:
+                with contextlib.suppress(Full):
+                    self.eval_inbox.put_nowait(("evaluate", p))
+                self.next_eval[p] = steps + self.cfg.eval_every_env_steps
 
     # ---------------------------------------------------------------- supervision
     def _supervise(self) -> Outcome | None:
@@ -251,6 +299,8 @@ class Runner:
                            completed=False, failed=True)
         if self.interrupted:
             return Outcome("interrupted", completed=False)
+        if self.hook_failure is not None:
+            return Outcome(self.hook_failure, completed=False, failed=True)
         all_ready_at = self.supervisor.all_ready_at()  # start-up (torch imports, env creation) is not a stall
         stalled = time.monotonic() - max(reports.last_progress, all_ready_at or 0.0)
         if all_ready_at is not None and stalled > cfg.stall_timeout_seconds:
@@ -270,10 +320,9 @@ class Runner:
             solved = None if target is None else reports.solved_policy(target, measure)
             if solved is not None:
                 launched = time.time() - psutil.Process().create_time()
-                return Outcome(
-                    f"target {measure} {target} reached by policy {solved[0]}: mean {solved[1]:.2f} over "
-                    f"{cfg.stats_avg} episodes, {launched:.1f} s after launch, "
-                    f"{reports.total_env_steps()} env steps", completed=True)
+                return Outcome(  # one line (scripts/time_to_solve.py reads it) within 120 columns
+                    f"target {measure} {target:g} reached by p{solved[0]} (mean {solved[1]:.2f} of {cfg.stats_avg}) "
+                    f"at {launched:.1f} s, {reports.total_env_steps()} env steps", completed=True)
         return None
 
     # ---------------------------------------------------------------- population-based training
@@ -337,9 +386,11 @@ class Runner:
         os.replace(f"{path}.tmp", path)
 
     def _log_final(self, outcome: Outcome) -> None:
-        log.info(self.reports.status_line())
+        for line in self.reports.status_line().splitlines():
+            log.info(line)
         if outcome.failed:
             log.error("Run failed: %s", outcome.reason)
         else:
             log.info("Stopped: %s", outcome.reason)
-        log.info(self.reports.summary_line(newest_checkpoints(self.exp_dir, self.cfg.num_policies)))
+        for line in self.reports.summary_line(newest_checkpoints(self.exp_dir, self.cfg.num_policies)).splitlines():
+            log.info(line)

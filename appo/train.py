@@ -38,21 +38,29 @@ from appo.checkpoint import (
     newest_checkpoints,
     parse_name,
 )
+from appo.hooks import Hooks
+from appo.hooks import registered as registered_hooks
 from appo.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
 
+# Flags that decide when a run stops: raising one on the command line extends a finished run.
+BUDGET_FLAGS = ("train_for_env_steps", "train_for_seconds", "target_reward", "target_objective")
+
 
 def prepare(cfg: argparse.Namespace, given: set[str]
             ) -> tuple[argparse.Namespace, EnvInfo, list[str], list[int]] | None:
-    """Validate everything, then (re)create the experiment dir. None means: already finished."""
+    """Validate everything, then (re)create the experiment dir. None means: already finished (and no budget flag
+    given that differs from the saved one; with one, the finished run is extended)."""
     check_platform()
     exp_dir = experiment_dir(cfg)
     notes: list[str] = []
+    extended: dict[str, tuple[Any, Any]] = {}  # budget flag -> (saved value, new value), when extending
     resuming = not cfg.restart and os.path.exists(os.path.join(exp_dir, "cfg.json"))
     if resuming:
-        cfg, notes = merge_resumed(cfg, given, load_saved_cfg(os.path.join(exp_dir, "cfg.json")))
+        saved = load_saved_cfg(os.path.join(exp_dir, "cfg.json"))
+        cfg, notes = merge_resumed(cfg, given, saved)
         cfg.restart = False  # a saved --restart=True told the run that wrote cfg.json to start over, not this one
         if cfg.with_pbt:
             try:
@@ -60,7 +68,10 @@ def prepare(cfg: argparse.Namespace, given: set[str]
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
         if os.path.exists(os.path.join(exp_dir, "done")):
-            return None
+            extended = {flag: (saved.get(flag), getattr(cfg, flag)) for flag in BUDGET_FLAGS
+                        if flag in given and saved.get(flag) != getattr(cfg, flag)}
+            if not extended:
+                return None
     info = env_info(cfg.env, env_kwargs(cfg))
     cfg = resolve(cfg, info.num_agents)
     try:
@@ -77,9 +88,23 @@ def prepare(cfg: argparse.Namespace, given: set[str]
         log.info("Restart: moved the old experiment %s aside to %s; starting over", exp_dir, aside)
     # --num_policies cannot change on resume
     initial_env_steps = resume_env_steps(exp_dir, cfg.num_policies) if resuming else [0] * cfg.num_policies
+    if extended:
+        check_extension(cfg, exp_dir, sum(initial_env_steps))
+        os.remove(os.path.join(exp_dir, "done"))
+        log.info("Extending the finished experiment %s: %s", exp_dir,
+                 ", ".join(f"--{flag}={old} -> {new}" for flag, (old, new) in extended.items()))
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
+
+
+def check_extension(cfg: argparse.Namespace, exp_dir: str, env_steps: int) -> None:
+    """A finished run given a new budget must have steps left to train: a --train_for_env_steps at or below the
+    env steps it already has would stop it again at once."""
+    if env_steps >= cfg.train_for_env_steps:
+        raise ConfigError(f"--train_for_env_steps={cfg.train_for_env_steps}: the finished experiment {exp_dir} "
+                          f"already has {env_steps} env steps; to train it further give --train_for_env_steps above "
+                          f"{env_steps}")
 
 
 def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:
@@ -175,16 +200,18 @@ def flag_value(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
-def train(env: str, **flags: Any) -> TrainResult:
+def train(env: str, hooks: Hooks | None = None, **flags: Any) -> TrainResult:
     """Train (or resume) as `python -m appo.train --env=ENV --FLAG=VALUE ...` would, and return the result:
     `train(env="CartPole-v1", experiment="cartpole", target_reward=475)`. Bad flags raise `ConfigError` (an
-    env that cannot be made: `EnvError`) before anything is written. This process runs the runner (call it
-    from the main thread: it handles Ctrl-C) and forks the workers."""
-    return run([f"--env={env}"] + [f"--{name}={flag_value(value)}" for name, value in flags.items()])
+    env that cannot be made: `EnvError`) before anything is written. `hooks` run besides the ones registered
+    with the decorators of appo.hooks. This process runs the runner (call it from the main thread: it handles
+    Ctrl-C) and forks the workers."""
+    return run([f"--env={env}"] + [f"--{name}={flag_value(value)}" for name, value in flags.items()], hooks)
 
 
-def run(argv: list[str]) -> TrainResult:
-    """The whole program after the command line: validate, prepare the dir, train, summarise."""
+def run(argv: list[str], hooks: Hooks | None = None) -> TrainResult:
+    """The whole program after the command line: validate, prepare the dir, train, summarise. The hooks
+    registered with appo.hooks' decorators run, and `hooks` too."""
     kept = _KeptForLogFile()
     log.addHandler(kept)
     log.setLevel(logging.INFO)
@@ -195,10 +222,10 @@ def run(argv: list[str]) -> TrainResult:
         log.removeHandler(kept)
     exp_dir = experiment_dir(cfg)
     if prepared is None:
-        print(f"Experiment {exp_dir} is already finished (delete {os.path.join(exp_dir, 'done')} to train it "
-              "further, or pass --restart=True to start over)")
-        return TrainResult(exp_dir, sum(resume_env_steps(exp_dir, cfg.num_policies)), {},
-                           newest_checkpoints(exp_dir, cfg.num_policies), "already finished", completed=True)
+        env_steps = sum(resume_env_steps(exp_dir, cfg.num_policies))
+        print(finished_message(exp_dir, env_steps))
+        return TrainResult(exp_dir, env_steps, {}, newest_checkpoints(exp_dir, cfg.num_policies), "already finished",
+                           completed=True)
     cfg, info, notes, initial_env_steps = prepared
     setup_logging(os.path.join(exp_dir, "log.txt"))
     for handler in log.handlers:
@@ -210,7 +237,7 @@ def run(argv: list[str]) -> TrainResult:
 
     from appo.runner import Runner
 
-    runner = Runner(cfg, info, exp_dir, initial_env_steps)
+    runner = Runner(cfg, info, exp_dir, initial_env_steps, registered_hooks + (hooks or Hooks()))
     outcome = runner.run()
     if outcome.completed:
         with open(os.path.join(exp_dir, "done"), "w") as f:
@@ -218,6 +245,16 @@ def run(argv: list[str]) -> TrainResult:
     return TrainResult(exp_dir, runner.reports.total_env_steps(), runner.reports.final_stats(),
                        newest_checkpoints(exp_dir, cfg.num_policies), outcome.reason, outcome.completed,
                        outcome.failed)
+
+
+def finished_message(exp_dir: str, env_steps: int) -> str:
+    """What a finished experiment says when run again: why it stopped, and how to extend it or start over."""
+    with open(os.path.join(exp_dir, "done")) as f:
+        reason = f.read().strip()
+    return (f"Experiment {exp_dir} is already finished{f' ({reason})' if reason else ''}.\n"
+            f"To train it further, raise its budget on the command line (--train_for_env_steps above {env_steps} "
+            "env steps,\na new --train_for_seconds, --target_reward or --target_objective), or pass --restart=True to "
+            "start over.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from appo.actor_worker import extra_stats
 from appo.cfg import ConfigError, OneLineParser, build_parser, env_kwargs, load_saved_cfg, resolve
-from appo.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
+from appo.checkpoint import BEST_NAME, checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.model import ActorCritic
 from appo.spaces import obs_as_dict, obs_spaces, to_env_action
 from envs import env_info
+from envs.atari import is_atari_name
+from utils.logs import log
 
 
 class PolicyLoadError(Exception):
@@ -43,14 +48,17 @@ def run_cfg(exp_dir: str) -> argparse.Namespace:
 
 
 def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str, str]:
-    """(experiment dir, checkpoint path): the newest intact checkpoint of `policy_id`, or the given file."""
+    """(experiment dir, checkpoint path): the newest intact checkpoint of `policy_id`, or the given file (a
+    rolling checkpoint or the best one, `checkpoint_p<policy>/best.pth`)."""
     if os.path.isfile(exp_dir_or_checkpoint):
         checkpoint = exp_dir_or_checkpoint
         exp_dir = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
-        try:
-            parse_name(checkpoint)
-        except ValueError as exc:
-            raise PolicyLoadError(f"{checkpoint}: not a checkpoint (checkpoint_<version>_<env_steps>.pth)") from exc
+        if os.path.basename(checkpoint) != BEST_NAME:
+            try:
+                parse_name(checkpoint)
+            except ValueError as exc:
+                raise PolicyLoadError(f"{checkpoint}: not a checkpoint (checkpoint_<version>_<env_steps>.pth or "
+                                      f"{BEST_NAME})") from exc
         return exp_dir, checkpoint
     exp_dir = exp_dir_or_checkpoint
     if not os.path.isdir(exp_dir):
@@ -65,11 +73,12 @@ class TrainedPolicy:
     """A model with its spaces. `act` samples (or, deterministic, takes the most likely action)."""
 
     def __init__(self, model: ActorCritic, cfg: argparse.Namespace, obs_space: gym.Space, action_space: gym.Space,
-                 num_agents: int, exp_dir: str, checkpoint: str, device: torch.device):
+                 num_agents: int, device: torch.device, exp_dir: str | None = None, checkpoint: str | None = None,
+                 version: int = 0, env_steps: int = 0):
         self.model, self.cfg, self.device = model.eval(), cfg, device
         self.obs_space, self.action_space, self.num_agents = obs_space, action_space, num_agents
         self.exp_dir, self.checkpoint = exp_dir, checkpoint
-        self.version, self.env_steps = parse_name(checkpoint)
+        self.version, self.env_steps = version, env_steps  # of the weights (the evaluator moves them on)
         self.rnn_states: torch.Tensor | None = None  # [batch, state size] while a recurrent policy is in use
         self._obs_ranks = {key: len(space.shape) for key, space in obs_spaces(obs_space).items()}
 
@@ -112,11 +121,87 @@ def load_policy(exp_dir_or_checkpoint: str, policy_id: int = 0, device: str = "c
     torch_device = torch.device(device)
     model = ActorCritic(info.obs_space, info.action_space, cfg).to(torch_device)
     try:
-        model.load_state_dict(load_checkpoint(checkpoint, torch_device)["model"])
+        state = load_checkpoint(checkpoint, torch_device)
+        model.load_state_dict(state["model"])
     except (RuntimeError, KeyError, EOFError, OSError) as exc:
         raise PolicyLoadError(f"{checkpoint}: cannot load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
-    return TrainedPolicy(model, cfg, info.obs_space, info.action_space, info.num_agents, exp_dir, checkpoint,
-                         torch_device)
+    # A rolling checkpoint's name says its version and env steps; best.pth holds them inside.
+    version, env_steps = (parse_name(checkpoint) if os.path.basename(checkpoint) != BEST_NAME
+                          else (int(state["version"]), int(state["env_steps"])))
+    return TrainedPolicy(model, cfg, info.obs_space, info.action_space, info.num_agents, torch_device, exp_dir,
+                         checkpoint, version, env_steps)
+
+
+# ---------------------------------------------------------------- playing whole episodes
+@dataclass
+class Episode:
+    reward: float  # the mean over agents for a multi-agent env
+    length: int
+    extra: dict[str, float] = field(default_factory=dict)  # the env's info["episode_extra_stats"] at the end
+
+
+def episode_env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:
+    """The run's env kwargs for playing whole episodes: Atari plays whole games with unclipped scores."""
+    kwargs = env_kwargs(cfg)
+    if is_atari_name(cfg.env):
+        kwargs.update(episodic_life=False, clip_rewards=False)
+    return kwargs
+
+
+def play(policy: TrainedPolicy, envs: list[gym.Env], episodes: int, deterministic: bool, max_frames: int, seed: int,
+         capture: Callable[[Any], None] | None = None, log_episodes: bool = True) -> list[Episode]:
+    """Play `episodes` episodes on `envs` side by side, one forward pass per step for all of them, and at most
+    `max_frames` env steps in all. Episode k starts from seed `seed + k` whichever env plays it, so a
+    deterministic policy plays the same episodes however many envs share them. Returns the finished
+    episodes in order. `capture(obs)` sees every observation of env 0 before the policy acts on it (video)."""
+    agents = policy.num_agents  # rows of the batch per env: a multi-agent env's observation has one per agent
+    envs = envs[:episodes]
+    obs: list[Any] = [None] * len(envs)
+    playing: list[Episode | None] = [None] * len(envs)  # the episode each env is in (reward and length so far)
+    index = [0] * len(envs)  # which episode that is
+    finished: dict[int, Episode] = {}
+    started = steps = 0
+    policy.reset()
+
+    def start(i: int) -> None:
+        nonlocal started
+        obs[i], _ = envs[i].reset(seed=seed + started)
+        playing[i], index[i] = Episode(0.0, 0), started
+        policy.reset(list(range(i * agents, (i + 1) * agents)))
+        started += 1
+
+    def rows(o: Any) -> np.ndarray:
+        return np.asarray(o) if agents > 1 else np.asarray(o)[None]
+
+    for i in range(len(envs)):
+        start(i)
+    while any(playing) and steps < max_frames:
+        if capture is not None and playing[0] is not None:
+            capture(obs[0])
+        # Every env keeps its rows (and recurrent state) in the batch; an idle one repeats its last observation.
+        if isinstance(obs[0], dict):
+            batch = {key: np.concatenate([rows(o[key]) for o in obs]) for key in obs[0]}
+        else:
+            batch = np.concatenate([rows(o) for o in obs])
+        actions = policy.act(batch, deterministic=deterministic)
+        for i, env in enumerate(envs):
+            episode = playing[i]
+            if episode is None:
+                continue
+            action = actions[i * agents:(i + 1) * agents] if agents > 1 else actions[i]
+            obs[i], reward, terminated, truncated, info = env.step(action)
+            episode.reward += float(np.mean(reward))
+            episode.length += 1
+            steps += 1
+            if terminated or truncated:
+                episode.extra = extra_stats(info)
+                finished[index[i]] = episode
+                if log_episodes:
+                    log.info("Episode %d: return %.2f, length %d", index[i] + 1, episode.reward, episode.length)
+                playing[i] = None
+                if started < episodes:
+                    start(i)
+    return [finished[k] for k in sorted(finished)]
 
 
 def command_parser(prog: str, description: str, policy_help: str) -> argparse.ArgumentParser:
@@ -126,13 +211,18 @@ def command_parser(prog: str, description: str, policy_help: str) -> argparse.Ar
     add = parser.add_argument
     add("--experiment", type=str, default=None, help="Experiment name (a folder under --train_dir).")
     add("--train_dir", type=str, default="train_dir", help="Folder holding the experiments.")
-    add("--checkpoint", type=str, default=None, help="A checkpoint file to load instead of the newest one.")
+    add("--checkpoint", type=str, default=None,
+        help="A checkpoint file to load instead of the newest one; best: the best evaluated weights "
+             "(checkpoint_p<policy>/best.pth, kept when training ran with --eval_every_env_steps).")
     add("--policy", type=int, default=0, help=policy_help)
     return parser
 
 
 def policy_source(args: argparse.Namespace) -> str:
-    """The checkpoint file or experiment dir the flags of `command_parser` name."""
-    if args.experiment is None and args.checkpoint is None:
-        raise ConfigError("--experiment (or --checkpoint) is required")
+    """The checkpoint file or experiment dir the flags of `command_parser` name (`--checkpoint=best`: the
+    policy's best evaluated weights)."""
+    if args.experiment is None and (args.checkpoint is None or args.checkpoint == "best"):
+        raise ConfigError("--experiment (or --checkpoint=PATH) is required")
+    if args.checkpoint == "best":
+        return os.path.join(checkpoint_dir(os.path.join(args.train_dir, args.experiment), args.policy), BEST_NAME)
     return args.checkpoint or os.path.join(args.train_dir, args.experiment)

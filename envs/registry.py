@@ -85,23 +85,36 @@ class EnvInfo:
     num_agents: int = 1
     frames_per_step: int = 1  # emulator frames per env step (frame skip), for reporting frames/s
     reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
+    reward_shaping_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # (low, high), if declared
 
 
 def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvInfo:
     env = make_env(env_id, env_kwargs)
     try:
         return EnvInfo(env.observation_space, env.action_space, int(getattr(env, "num_agents", 1)),
-                       int(getattr(env, "frames_per_step", 1)), reward_shaping(env))
+                       int(getattr(env, "frames_per_step", 1)), *reward_shaping(env))
     finally:
         env.close()
 
 
-def reward_shaping(env: gym.Env) -> dict[str, float]:
-    """The env's reward-shaping coefficients, for envs (or wrappers) that implement the interface PBT uses:
-    `get_reward_shaping() -> dict[str, float]` and `set_reward_shaping(scheme)`, which takes effect from the
-    next step. Empty for every other env."""
+def reward_shaping(env: gym.Env) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """The env's reward-shaping coefficients and the ranges it declares for them, for envs (or wrappers) that
+    implement the interface PBT uses: `get_reward_shaping() -> dict[str, float]` and `set_reward_shaping(scheme)`,
+    which takes effect from the next step; optionally `get_reward_shaping_bounds() -> {name: (low, high)}`,
+    the range PBT keeps each coefficient in. Both empty for every other env."""
     try:
         getter = env.get_wrapper_attr("get_reward_shaping")
     except AttributeError:
-        return {}
-    return {str(key): float(value) for key, value in getter().items()}
+        return {}, {}
+    coefficients = {str(key): float(value) for key, value in getter().items()}
+    try:
+        declared = env.get_wrapper_attr("get_reward_shaping_bounds")()
+    except AttributeError:
+        declared = {}
+    bounds = {}
+    for key, (low, high) in declared.items():
+        if key not in coefficients or not float(low) <= float(high):
+            raise ValueError(f"get_reward_shaping_bounds(): {key!r}: ({low}, {high}) must be (low, high) of one of "
+                             f"the coefficients of get_reward_shaping(), {sorted(coefficients)}")
+        bounds[str(key)] = (float(low), float(high))
+    return coefficients, bounds

@@ -36,17 +36,25 @@ PRESETS = {
                     "baseline": ["--num_policies=1"], "target": "--target_objective=0.99", "seconds": 300,
                     "shaping": "velocity_bonus"},
 }
-# The last status line's per-policy reward and objective.
-POLICY_STATS = re.compile(r"p(\d+): [^|]*?reward (-?[0-9.]+)[^|]*?(?:objective (-?[0-9.]+))?(?: \||$)")
+# The trainer's status: a progress line ("41.2% of 1M steps in 3m12s, ETA 4m35s | env steps 412345 | FPS ...")
+# and one line per policy ("  p0: v12, reward 123.45 length 123.4 (100 of 2345 episodes), objective 0.123, ...").
+PROGRESS = re.compile(r"env steps \d+")
+POLICY_STATS = re.compile(r"\bp(\d+): v\d+, reward (-?[0-9.]+) length(?:.*?, objective (-?[0-9.]+))?")
 
 
 def final_stats(output: str) -> dict[int, dict[str, float]]:
-    """Each policy's mean reward (and objective, when shown) in the trainer's last status line."""
-    status = [line for line in output.splitlines() if "FPS (" in line and "reward" in line]
-    if not status:
+    """Each policy's mean reward (and objective, when shown) in the trainer's last status."""
+    lines = output.splitlines()
+    progress = [i for i, line in enumerate(lines) if PROGRESS.search(line)]
+    if not progress:
         return {}
-    return {int(p): {"reward": float(r), **({"objective": float(o)} if o else {})}
-            for p, r, o in POLICY_STATS.findall(status[-1])}
+    stats = {}
+    for line in lines[progress[-1] + 1:]:  # the summary after it says "p0: final reward", which does not match
+        match = POLICY_STATS.search(line)
+        if match:
+            p, r, o = match.groups()
+            stats[int(p)] = {"reward": float(r), **({"objective": float(o)} if o else {})}
+    return stats
 
 
 def with_overrides(flags: list[str], overrides: list[str]) -> list[str]:

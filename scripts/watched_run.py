@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import psutil
 
-STATUS = re.compile(r"env steps (\d+)")
-REWARD = re.compile(r"p0: [^|]*?reward (-?[0-9.]+) length")
+STATUS = re.compile(r"env steps (\d+)")  # the progress line of a status
+REWARD = re.compile(r"\bp0: v\d+, reward (-?[0-9.]+) length")  # policy 0's line of it, just after
 
 
 def save_json(path: str, data) -> None:
@@ -46,10 +46,11 @@ class WatchedRun:
         for line in self.process.stdout:
             self.lines.append(line)
             status = STATUS.search(line)
-            if status and "FPS" in line:
-                reward = REWARD.search(line)
-                self.samples.append(Sample(self.elapsed(), int(status.group(1)),
-                                           float(reward.group(1)) if reward else None))
+            reward = REWARD.search(line)
+            if status:
+                self.samples.append(Sample(self.elapsed(), int(status.group(1)), None))
+            elif reward and self.samples:
+                self.samples[-1].reward = float(reward.group(1))
 
     def elapsed(self) -> float:
         return time.monotonic() - self.launched

@@ -66,8 +66,8 @@ def trainer(tmp_path):
 
 
 def last_mean_reward(output: str, policy: int = 0) -> float:
-    """The mean episode reward of a policy in the trainer's last status line that reports one."""
-    rewards = re.findall(rf"p{policy}: [^|]*?reward (-?[0-9.]+) length", output)
+    """The mean episode reward of a policy in the trainer's last status that reports one."""
+    rewards = re.findall(rf"\bp{policy}: v\d+, reward (-?[0-9.]+) length", output)
     assert rewards, f"no reward reported in:\n{output[-2000:]}"
     return float(rewards[-1])
 

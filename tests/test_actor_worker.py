@@ -26,7 +26,7 @@ def make_worker(*env_args: str, shaping: list[list[float]] | None = None):
     layout = Layout.from_cfg(cfg, env.observation_space, env.action_space)
     queues = {"inbox": Queue(), "inference": Queue(), "report": Queue()}
     learners = [Queue() for _ in range(cfg.num_policies)]
-    sampler = SamplerState(layout, cfg.num_policies, shaping_keys=tuple(reward_shaping(env)))
+    sampler = SamplerState(layout, cfg.num_policies, shaping_keys=tuple(reward_shaping(env)[0]))
     if shaping is not None:
         sampler.reward_shaping[:] = shaping
     worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), sampler, queues["inbox"], [[queues["inference"]]],

@@ -65,8 +65,10 @@ def test_deterministic_is_the_most_likely_action(tmp_path):
     assert policy.act(obs, deterministic=True) == params.argmax(-1).tolist()
 
 
-def test_recurrent_state_is_carried_until_reset(tmp_path):
-    exp_dir = make_experiment(tmp_path, "rnn", "--env=CartPole-v1", "--use_rnn=True")
+@pytest.mark.parametrize("flags", [["--use_rnn=True"], ["--use_rnn=True", "--rnn_type=lstm",
+                                                      "--actor_critic_share_weights=False"]])
+def test_recurrent_state_is_carried_until_reset(tmp_path, flags):
+    exp_dir = make_experiment(tmp_path, "rnn", "--env=CartPole-v1", *flags)
     policy = load_policy(exp_dir)
     obs = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     policy.act(obs)
@@ -119,7 +121,7 @@ def test_enjoy_multi_agent_and_bad_input(tmp_path):
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=missing")
     assert out.returncode == 2 and "no such experiment" in out.stderr
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}")
-    assert out.returncode == 2 and "--experiment (or --checkpoint) is required" in out.stderr
+    assert out.returncode == 2 and "--experiment (or --checkpoint=PATH) is required" in out.stderr
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episode=3")
     assert out.returncode == 2 and "--episode" in out.stderr  # no abbreviations
 
@@ -137,6 +139,8 @@ def test_video_frame_from_image_observations():
     ("mlp", ["--env=CartPole-v1", "--normalize_input=True"]),
     ("cnn", [f"--env={SPACES_ENV}", '--env_kwargs={"obs": "image"}']),
     ("gru", ["--env=CartPole-v1", "--use_rnn=True"]),
+    # separate actor and critic cores: the state holds both (h and c of each LSTM)
+    ("lstm_separate", ["--env=CartPole-v1", "--use_rnn=True", "--rnn_type=lstm", "--actor_critic_share_weights=False"]),
     ("dict_box", [f"--env={SPACES_ENV}", '--env_kwargs={"obs": "dict", "action": "box"}']),
 ])
 def test_onnx_matches_torch(tmp_path, name, flags):
@@ -147,7 +151,8 @@ def test_onnx_matches_torch(tmp_path, name, flags):
     assert onnx_difference(path, module, policy, samples=100, seed=1) <= 1e-5
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     outputs = [o.name for o in session.get_outputs()]
-    assert outputs[:2] == ["action_params", "values"] and (outputs[2:] == ["next_rnn_states"]) == (name == "gru")
+    recurrent = "--use_rnn=True" in flags
+    assert outputs[:2] == ["action_params", "values"] and (outputs[2:] == ["next_rnn_states"]) == recurrent
 
 
 def test_torchscript_matches_torch(tmp_path):
@@ -251,5 +256,59 @@ def test_custom_episode_metrics_reach_tensorboard_and_the_summary(trainer):
     _, progress = read_curve(run_dir, "episode_extra/progress", 0, "env_steps")
     _, goal = read_curve(run_dir, "episode_extra/true_objective", 0, "env_steps")
     assert len(progress) > 0 and ((progress > 0) & (progress <= 1)).all() and ((goal >= 0) & (goal <= 1)).all()
-    summary = next(line for line in out.stdout.splitlines() if "Summary:" in line)
-    assert " env steps | p0: reward " in summary and "checkpoint_p0/checkpoint_" in summary
+    lines = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "Summary:" in line)
+    assert lines[at].endswith(" env steps") and "p0: final reward " in lines[at + 1] and " (best " in lines[at + 1]
+    assert "p0 checkpoint: " in lines[at + 2] and "checkpoint_p0/checkpoint_" in lines[at + 2]
+
+
+# ---------------------------------------------------------------- evaluation during training and user hooks
+@pytest.mark.timeout(150)
+def test_evaluation_best_checkpoint_and_launcher_hooks(trainer):
+    from appo.plot import read_curve
+
+    out = subprocess.run(
+        [sys.executable, "examples/launcher_with_hooks.py", f"--train_dir={trainer.train_dir}", "--env=CartPole-v1",
+         "--experiment=evaluated", "--num_workers=1", "--num_envs_per_worker=8", "--train_for_env_steps=100000",
+         "--eval_every_env_steps=20000", "--eval_episodes=3", "--experiment_summaries_interval=1", "--seed=3"],
+        cwd=REPO, capture_output=True, text=True, timeout=140)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1].removeprefix("hook counts: "))
+    assert counts["episodes"] > 10 and counts["iterations"] > 5 and counts["checkpoints"] >= 1, counts
+    # Requests that come while one runs wait; on a busy machine the low-priority evaluator may serve only one.
+    assert counts["evaluations"] >= 1 and counts["best_checkpoints"] >= 1, counts
+    assert counts["episode_steps"] <= 100000 + 8 * 500  # each episode once
+
+    exp_dir = os.path.join(trainer.train_dir, "evaluated")
+    steps, rewards = read_curve(exp_dir, "eval/reward", 0, "env_steps")
+    assert len(steps) == counts["evaluations"] and (rewards >= 8).all()  # CartPole returns at least 8
+    _, episodes = read_curve(exp_dir, "eval/episodes", 0, "env_steps")
+    assert (episodes == 3).all()
+    # The best checkpoint is the evaluation with the highest mean return, apart from the rolling ones.
+    with open(os.path.join(exp_dir, "checkpoint_p0", "best.json")) as f:
+        best = json.load(f)
+    assert best["metric"] == "reward" and best["value"] == pytest.approx(rewards.max(), rel=1e-5)
+    best_path = os.path.join(exp_dir, "checkpoint_p0", "best.pth")
+    policy = load_policy(best_path)
+    assert (policy.version, policy.env_steps) == (best["version"], best["env_steps"])
+    assert f"checkpoint {best_path}" in out.stdout  # the hook heard of it
+    # enjoy replays it: deterministic episodes on the evaluation's first seeds give the same mean return.
+    played = run_module("appo.enjoy", f"--train_dir={trainer.train_dir}", "--experiment=evaluated",
+                        "--checkpoint=best", "--episodes=3", "--deterministic", "--seed=1000000")
+    assert played.returncode == 0, played.stderr
+    assert f"return {best['value']:.2f}" in played.stdout
+
+
+@pytest.mark.timeout(90)
+def test_a_hook_that_raises_stops_the_run_with_its_name(tmp_path, trainer):
+    script = tmp_path / "raising_hook.py"
+    script.write_text(
+        "from appo.hooks import Hooks\nfrom appo.train import train\n"
+        "def refuse(event):\n    raise RuntimeError('no checkpoints today')\n"
+        f"result = train('CartPole-v1', hooks=Hooks(on_checkpoint=[refuse]), train_dir={trainer.train_dir!r}, "
+        "experiment='hooked', num_workers=1, num_envs_per_worker=4, save_every_sec=1, train_for_seconds=60)\n"
+        "print('RESULT', result.failed, result.completed, result.reason)\n")
+    out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT True False the on_checkpoint hook refuse raised RuntimeError: no checkpoints today" in out.stdout
+    assert "Traceback" in out.stdout + out.stderr  # logged with the traceback

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from appo import train
+import appo.train as train
 from appo.cfg import ConfigError, parse_args, save_cfg
 from appo.checkpoint import (
     checkpoint_dir,

@@ -143,7 +143,7 @@ def test_discount_like_values_move_on_one_minus_x():
 def test_mutation_rate_is_the_chance_of_each_value_moving():
     rng = random.Random(0)
     values = {f"v{i}": 1.0 for i in range(2000)}
-    explored = pbt.explore(values, pbt.SHAPING_BOUNDS, rng, settings(mutation_rate=0.3))
+    explored = pbt.explore(values, {}, rng, settings(mutation_rate=0.3), pbt.SHAPING_BOUNDS)
     moved = sum(explored[k] != 1.0 for k in values) / len(values)
     assert 0.25 < moved < 0.35
 
@@ -159,7 +159,7 @@ def test_gamma_is_mutated_only_when_asked_and_grad_norm_only_when_clipping():
 def test_population_round_trip_and_history(tmp_path):
     exp_dir = str(tmp_path)
     cfg = build_parser().parse_args(["--env=CartPole-v1", "--num_policies=2", "--learning_rate=1e-5"])
-    population = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1})
+    population = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1}, {}, random.Random(0))
     assert population[0].hyperparams["learning_rate"] == 1e-5 and population[1].shaping == {"bonus": 0.1}
     events = pbt.decide([5000, 5000], [0.0, 50.0], population, settings(), random.Random(0))
     for event in events:
@@ -168,7 +168,8 @@ def test_population_round_trip_and_history(tmp_path):
     pbt.save_population(exp_dir, population)
 
     cfg.pbt_optimize_gamma = True  # a value the saved file lacks comes from the flags
-    restored = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1})
+    restored = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1}, {"bonus": pbt.Bounds(0.1, 10, 0.1)},
+                                      random.Random(0))  # a saved population is not spread again
     for saved, loaded in zip(population, restored):
         assert {k: v for k, v in loaded.hyperparams.items() if k != "gamma"} == saved.hyperparams
         assert loaded.hyperparams["gamma"] == cfg.gamma
@@ -179,6 +180,24 @@ def test_population_round_trip_and_history(tmp_path):
     assert [line["kind"] for line in lines] == [e.kind for e in events]
     assert {"time", "env_steps", "policy", "donor", "objectives", "hyperparams_before", "hyperparams_after"} <= \
         set(lines[0])
+
+
+def test_initial_population_spreads_only_declared_shaping():
+    cfg = build_parser().parse_args(["--env=CartPole-v1", "--num_policies=8", "--learning_rate=1e-5"])
+    bounds = pbt.shaping_bounds({"bonus": (0.1, 10.0), "signed": (-1.0, 1.0)})
+    shaping = {"bonus": 0.3, "signed": 0.0, "fixed": 2.0}
+    population = pbt.initial_members(cfg, 8, shaping, bounds, random.Random(0))
+    assert population[0].shaping == shaping  # policy 0 keeps the env's values
+    assert all(m.hyperparams == population[0].hyperparams for m in population)  # the flags' values, for everyone
+    assert all(m.hyperparams["learning_rate"] == 1e-5 for m in population)
+    bonuses = [m.shaping["bonus"] for m in population[1:]]
+    assert all(0.1 <= b <= 10.0 for b in bonuses) and len(set(bonuses)) == 7
+    assert any(b < 1.0 for b in bonuses) and any(b > 1.0 for b in bonuses)
+    assert all(-1.0 <= m.shaping["signed"] <= 1.0 for m in population)
+    assert all(m.shaping["fixed"] == 2.0 for m in population)  # no declared range: not spread
+    # Log-uniform over [0.1, 10]: about half the draws below 1.
+    many = pbt.initial_members(cfg, 2001, {"bonus": 0.3}, bounds, random.Random(1))[1:]
+    assert 0.45 < sum(m.shaping["bonus"] < 1.0 for m in many) / 2000 < 0.55
 
 
 def test_corrupt_or_mismatched_population_is_refused(tmp_path):

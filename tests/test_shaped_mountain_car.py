@@ -1,9 +1,12 @@
 """The reward-shaping interface of the shaped MountainCar env, without trainer processes."""
 
+import random
+
 import gymnasium as gym
 import pytest
 
-from envs import make_env
+from appo import pbt
+from envs import env_info, make_env
 from envs.shaped_mountain_car import DEFAULT_PUSH_COST, DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
 
 
@@ -73,3 +76,18 @@ def test_episode_metrics_at_episode_end():
     env.reset(seed=1)
     _, _, _, _, info = env.step(1)
     assert "true_objective" not in info and "episode_extra_stats" not in info  # only at episode end
+
+
+def test_declared_bounds_reach_pbt_and_keep_the_bonus_in_range():
+    info = env_info("mountain_car_shaped")
+    assert info.reward_shaping == {"velocity_bonus": DEFAULT_VELOCITY_BONUS}
+    assert info.reward_shaping_bounds == {"velocity_bonus": (0.1, 10.0)}
+    bounds = pbt.shaping_bounds(info.reward_shaping_bounds)
+    settings = pbt.Settings(1000, 0, 0.3, 1.0, 0.1, 1e-6, 1.5, 4.0, bounds)
+    rng = random.Random(0)
+    values = [DEFAULT_VELOCITY_BONUS]
+    for _ in range(300):  # a long random walk stays inside, and visits both ends
+        values.append(pbt.explore({"velocity_bonus": values[-1]}, settings.shaping_bounds, rng, settings,
+                                  pbt.SHAPING_BOUNDS)["velocity_bonus"])
+    assert min(values) == 0.1 and max(values) == 10.0
+    assert pbt.explore({"velocity_bonus": 0.0}, bounds, rng, settings)["velocity_bonus"] >= 0.1  # 0 moves up

@@ -133,6 +133,40 @@ def test_interrupt_saves_and_resume_continues(trainer):
 
     again = trainer.run(*args)
     assert again.returncode == 0 and "already finished" in again.stdout
+    assert f"raise its budget on the command line (--train_for_env_steps above {env_steps} env steps" in again.stdout
+
+
+@pytest.mark.timeout(150)
+def test_a_finished_run_is_extended_by_raising_its_budget(trainer):
+    args = ["--env=CartPole-v1", "--experiment=extend", *FAST]
+    exp_dir = os.path.join(trainer.train_dir, "extend")
+    done = os.path.join(exp_dir, "done")
+    first = trainer.run(*args, "--train_for_env_steps=20000")
+    assert first.returncode == 0, first.stdout + first.stderr
+    _, first_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
+    assert first_steps >= 20000 and os.path.exists(done)
+
+    same = trainer.run(*args, "--train_for_env_steps=20000")  # the same command again: finished, and how to extend
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "is already finished (reached --train_for_env_steps=20000)" in same.stdout
+    assert f"--train_for_env_steps above {first_steps} env steps" in same.stdout
+
+    too_low = trainer.run(*args, f"--train_for_env_steps={first_steps}")  # nothing left to train
+    assert too_low.returncode == 2, too_low.stdout + too_low.stderr
+    lines = too_low.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --train_for_env_steps={first_steps}: "), too_low.stderr
+    assert f"already has {first_steps} env steps; to train it further give --train_for_env_steps above " \
+           f"{first_steps}" in lines[0]
+    assert os.path.exists(done) and parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))[1] == first_steps
+
+    longer = trainer.run(*args, "--train_for_env_steps=50000")
+    output = longer.stdout + longer.stderr
+    assert longer.returncode == 0, output
+    assert f"Extending the finished experiment {exp_dir}: --train_for_env_steps=20000 -> 50000" in output
+    assert f", {first_steps} env steps)" in output  # resumed where the first run ended
+    _, steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
+    assert steps >= 50000 and int(re.findall(r"env steps (\d+)", longer.stdout)[-1]) >= 50000
+    assert os.path.exists(done)
 
 
 @pytest.mark.timeout(90)
@@ -145,7 +179,7 @@ def test_two_policies_both_train(trainer):
         version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, policy)))
         assert version > 3 and env_steps > 10000
         assert os.listdir(os.path.join(exp_dir, "summaries", str(policy)))
-        assert re.search(rf"p{policy}: v\d+ .* reward", result.stdout)
+        assert re.search(rf"\bp{policy}: v\d+, reward", result.stdout)
 
 
 @pytest.mark.timeout(90)

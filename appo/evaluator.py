@@ -1,0 +1,128 @@
+"""Evaluation during training: deterministic episodes on envs of its own, one process for every policy.
+
+Every `--eval_every_env_steps` of a policy's env steps the runner puts `("evaluate", policy)` in this
+process's inbox. The evaluator takes that policy's newest published weights (the shared memory inference
+reads, see appo/weights.py), plays `--eval_episodes` whole episodes with the most likely action, one per
+env of its own, all envs stepped together with one forward pass per step, and reports the mean return
+and length and the env's own episode metrics. Atari plays whole games with unclipped scores. Episode k of
+every evaluation starts from seed `EVAL_SEED + k`, so evaluations compare like with like, and
+`python -m appo.enjoy --checkpoint=best --deterministic --seed=1000000` replays the best one. When the
+evaluation's `--save_best_metric` beats the policy's best so far, it writes the very weights it evaluated
+as `checkpoint_p<policy>/best.pth` (and `best.json`: metric, value, version, env steps), apart from the
+rolling checkpoints.
+
+It takes the cores' spare time, not the sampler's: one torch thread, at a lower CPU priority than every
+other worker, and idle between evaluations.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+from faster_fifo import Empty
+
+from appo.buffers import SamplerState
+from appo.checkpoint import checkpoint_dir, read_best, save_best
+from appo.model import ActorCritic
+from appo.trained_policy import Episode, TrainedPolicy, episode_env_kwargs, play
+from appo.weights import WeightsSubscriber
+from envs import make_env
+from utils.logs import log
+from utils.process import init_worker
+
+EVAL_SEED = 1_000_000  # evaluation episodes use seeds no actor env starts from
+EVAL_NICENESS = 5  # on top of --default_niceness
+MAX_STEPS = 1_000_000  # per evaluation: an episode still going then is not counted
+
+
+def summarise(episodes: list[Episode]) -> dict[str, float]:
+    """Mean return (`reward`), its spread, mean length, and the mean of each episode metric the env reports."""
+    rewards = [e.reward for e in episodes]
+    results = {"reward": statistics.mean(rewards), "reward_std": statistics.pstdev(rewards),
+               "length": statistics.mean(e.length for e in episodes), "episodes": float(len(episodes))}
+    for name in sorted({name for e in episodes for name in e.extra}):
+        values = [e.extra[name] for e in episodes if name in e.extra]
+        results.setdefault(name, statistics.mean(values))
+    return results
+
+
+class Evaluator:
+    def __init__(self, cfg, spaces, num_agents: int, sampler: SamplerState, inbox, report_queue,
+                 weights_names: list[str], exp_dir: str):
+        self.cfg, self.spaces, self.num_agents = cfg, spaces, num_agents
+        self.sampler, self.inbox, self.report_queue = sampler, inbox, report_queue
+        self.weights_names, self.exp_dir = weights_names, exp_dir
+        # One env per episode: an evaluation steps them side by side, one forward pass per step for all.
+        self.envs = [make_env(cfg.env, episode_env_kwargs(cfg)) for _ in range(cfg.eval_episodes)]
+        self.device = torch.device("cpu")
+        self.policies: dict[int, tuple[TrainedPolicy, WeightsSubscriber]] = {}
+        # Each policy's best --save_best_metric so far (kept across a resume by best.json).
+        self.best: dict[int, float] = {}
+        for p in range(cfg.num_policies):
+            record = read_best(checkpoint_dir(exp_dir, p))
+            if record is not None and record.get("metric") == cfg.save_best_metric:
+                self.best[p] = float(record["value"])
+        self.warned_missing_metric = False
+
+    def _policy(self, p: int) -> tuple[TrainedPolicy, WeightsSubscriber]:
+        """The policy's model on this process's CPU, attached to its published weights (made on first use)."""
+        if p not in self.policies:
+            model = ActorCritic(*self.spaces, self.cfg).to(self.device)
+            weights = WeightsSubscriber(model, self.weights_names[p], self.sampler, p)
+            self.policies[p] = (TrainedPolicy(model, self.cfg, *self.spaces, self.num_agents, self.device), weights)
+        return self.policies[p]
+
+    def evaluate(self, p: int) -> None:
+        policy, weights = self._policy(p)
+        weights.update()
+        policy.version, policy.env_steps = weights.version, int(self.sampler.learner_env_steps[p])
+        episodes = play(policy, self.envs, self.cfg.eval_episodes, True, MAX_STEPS, EVAL_SEED, log_episodes=False)
+        if not episodes:
+            log.warning("evaluation of policy %d: no episode ended within %d steps", p, MAX_STEPS)
+            return
+        results = summarise(episodes)
+        self.report_queue.put(("evaluation", p, {"version": policy.version, "env_steps": policy.env_steps,
+                                                 "results": results}))
+        self._keep_if_best(p, policy, results)
+
+    def _keep_if_best(self, p: int, policy: TrainedPolicy, results: dict[str, float]) -> None:
+        metric = self.cfg.save_best_metric
+        value = results.get(metric)
+        if value is None or not math.isfinite(value):
+            if not self.warned_missing_metric:
+                log.warning("--save_best_metric=%s: the evaluation episodes report no such value (they report %s); "
+                            "no best checkpoint is kept", metric, ", ".join(sorted(results)))
+                self.warned_missing_metric = True
+            return
+        if value <= self.best.get(p, -math.inf):
+            return
+        state = {"model": policy.model.state_dict(), "version": policy.version, "env_steps": policy.env_steps}
+        record = {"metric": metric, "value": value, "version": policy.version, "env_steps": policy.env_steps,
+                  "results": results}
+        path = save_best(checkpoint_dir(self.exp_dir, p), state, record)
+        if path is None:
+            log.warning("policy %d: best evaluation (%s %.4g) has non-finite weights; not kept", p, metric, value)
+            return
+        self.best[p] = value
+        self.report_queue.put(("checkpoint", p, {"path": path, "version": policy.version,
+                                                 "env_steps": policy.env_steps, "best": record}))
+
+    def run(self) -> None:
+        self.report_queue.put(("ready", "evaluator"))
+        while not self.sampler.stop[0]:
+            try:
+                messages = self.inbox.get_many(timeout=0.1)
+            except Empty:
+                continue
+            for p in sorted({message[1] for message in messages}):  # a request repeated meanwhile runs once
+                self.evaluate(p)
+        for env in self.envs:
+            env.close()
+
+
+def run_evaluator(cfg, spaces, num_agents, sampler, inbox, report_queue, weights_names, exp_dir) -> None:
+    init_worker(cfg, cpu=None, single_thread=True, extra_niceness=EVAL_NICENESS)
+    torch.set_num_threads(1)
+    Evaluator(cfg, spaces, num_agents, sampler, inbox, report_queue, weights_names, exp_dir).run()

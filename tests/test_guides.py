@@ -1,0 +1,211 @@
+"""The guides in docs/guide_*.md, run as a reader would: every ```bash and ```python block, in order.
+
+Each guide runs in its own temporary folder (so train_dir/, videos and exports land there, not in the
+repository), with the repository on PYTHONPATH as it is on sys.path when the commands run from its root
+(`examples.custom_env:make_reach_target` must import) and paths like `examples/...` and `scripts/...` made
+absolute. A bash block is one command per line (a trailing backslash continues it; `#` lines are
+comments); a python block is written to a file and run with this interpreter (a fragment that is not meant
+to run goes in a ```text block). Later blocks use what earlier ones trained, as the reader's would. Each
+guide then has its own check that the output means something.
+"""
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, shm_entries
+
+GUIDES = sorted(os.path.basename(path) for path in glob.glob(os.path.join(REPO, "docs", "guide_*.md")))
+FENCE = re.compile(r"^```(bash|python)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+REPO_PATHS = re.compile(r"(?<![\w./-])(examples|scripts|tests)/")
+COMMAND_TIMEOUT = 90
+
+
+def blocks(guide: str) -> list[tuple[str, str]]:
+    """The guide's (language, text) blocks in order."""
+    with open(os.path.join(REPO, "docs", guide)) as f:
+        return FENCE.findall(f.read())
+
+
+def bash_commands(text: str) -> list[str]:
+    """One command per line; a trailing backslash joins the next line, `#` lines are comments."""
+    commands, current = [], ""
+    for line in text.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.strip() if current else line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1].rstrip() + " "
+            continue
+        commands.append(current.strip())
+        current = ""
+    assert not current, f"a command ends in a backslash: {current}"
+    return commands
+
+
+def localized(command: str) -> str:
+    """The command as run from the repository root: repo paths absolute, `python` this interpreter."""
+    command = REPO_PATHS.sub(lambda m: f"{REPO}/{m.group(1)}/", command)
+    return re.sub(r"^python3?(?= )", sys.executable, command)
+
+
+def session_processes(sid: int) -> list[int]:
+    found = []
+    for pid in psutil.pids():
+        try:
+            if os.getsid(pid) == sid:
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def run(args: list[str], cwd: str, timeout: float = COMMAND_TIMEOUT) -> str:
+    """Run in a session of its own; on a timeout every process of that session is killed. Returns stdout and
+    stderr together, after checking the exit code and that no process of the session is left."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+           "PYTHONDONTWRITEBYTECODE": "1"}  # nothing written into the repository, not even __pycache__
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{args} ran past {timeout} s:\n{output[-3000:]}")
+    deadline = time.monotonic() + 5
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert session_processes(proc.pid) == [], f"{args} left processes behind"
+    assert proc.returncode == 0, f"{args} exited with {proc.returncode}:\n{output[-3000:]}"
+    return output
+
+
+def leaked_segments(before: set[str]) -> set[str]:
+    """New /dev/shm entries, leaving out weight segments of runners still alive (other tests running now)."""
+    leaked = set()
+    for name in shm_entries() - before:
+        match = re.fullmatch(r"appo_(\d+)_.*", name)
+        if match is None or not psutil.pid_exists(int(match.group(1))):
+            leaked.add(name)
+    return leaked
+
+
+def run_guide(guide: str, cwd: str) -> list[tuple[str, str]]:
+    """Every block of the guide, in order: (what ran, its output)."""
+    results = []
+    for number, (language, text) in enumerate(blocks(guide)):
+        if language == "python":
+            script = os.path.join(cwd, f"block_{number}.py")
+            with open(script, "w") as f:
+                f.write(text)
+            results.append((f"python block {number}", run([sys.executable, script], cwd)))
+        else:
+            for command in bash_commands(text):
+                results.append((command, run(["bash", "-c", localized(command)], cwd)))
+    return results
+
+
+def output_of(results: list[tuple[str, str]], start: str, nth: int = 0) -> str:
+    """The output of the nth command (or python block) that starts with `start`."""
+    matching = [output for what, output in results if what.startswith(start)]
+    assert len(matching) > nth, f"no {start!r} (#{nth}) among {[what for what, _ in results]}"
+    return matching[nth]
+
+
+def mean_return(output: str) -> float:
+    """The mean return of `appo.enjoy`'s summary line: 'N episodes: return MEAN ± STD, length ...'."""
+    found = re.findall(r"\d+ episodes: return (-?[0-9.]+) ±", output)
+    assert found, output[-2000:]
+    return float(found[-1])
+
+
+# ---------------------------------------------------------------- what each guide must show
+def check_custom_env(results, cwd):
+    assert "env ok" in output_of(results, "python block")
+    trained = mean_return(output_of(results, "python -m appo.enjoy --experiment=reach "))
+    random_play = float(re.search(r"random play: return (-?[0-9.]+)", output_of(results, "python -c")).group(1))
+    assert trained > random_play + 1.0, (trained, random_play)  # about 1.65 against -0.42
+    assert "Stopped: reached --train_for_env_steps=30000" in output_of(results, "python examples/custom_env.py --env")
+    played = output_of(results, "python examples/custom_env.py enjoy")
+    assert "3 episodes: return" in played
+    video = re.search(r"video: (\S+\.mp4) \((\d+) frames of 256x32\)", played)
+    assert video and int(video.group(2)) > 0 and os.path.getsize(os.path.join(cwd, video.group(1))) > 0, played
+
+
+def check_custom_metrics(results, cwd):
+    exp_dir = os.path.join(cwd, "train_dir", "reach_metrics")
+    stopped = output_of(results, "python -m appo.train --env=examples.custom_env:make_reach_target "
+                                 "--experiment=reach_goal")
+    assert "Stopped: target objective 0.95 reached by p0" in stopped, stopped[-3000:]
+    with open(os.path.join(exp_dir, "checkpoint_p0", "best.json")) as f:
+        best = json.load(f)
+    assert best["metric"] == "reached" and best["value"] >= 0.9, best
+    assert os.path.getsize(os.path.join(cwd, "reached.png")) > 0
+    assert "plot: reached.png" in output_of(results, "python -m appo.plot")
+    assert f"return {best['results']['reward']:.2f}" in output_of(results, "python -m appo.enjoy")
+    hooked = output_of(results, "python block")
+    stats = re.search(r"final stats: (.*)", hooked).group(1)
+    for name in ("reward", "reached", "final_distance", "unshaped_return"):
+        assert f"'{name}'" in stats, stats
+    assert re.search(r"hooks saw \d+ episodes", hooked), hooked[-2000:]
+
+
+def check_python_api(results, cwd):
+    output = output_of(results, "python block")
+    assert re.search(r"mean return ([0-9.]+) over \d+ episodes", output), output[-3000:]
+    assert float(re.search(r"mean return ([0-9.]+)", output).group(1)) > 100  # random play: about 22
+    assert "ConfigError: --num_workers" in output
+    counts = output_of(results, "python examples/launcher_with_hooks.py").strip().splitlines()[-1]
+    assert counts.startswith("hook counts: ") and '"evaluations"' in counts, counts
+
+
+def check_enjoy_export(results, cwd):
+    exp_dir = os.path.join(cwd, "train_dir", "cartpole")
+    assert mean_return(output_of(results, "python -m appo.enjoy")) > 100  # random play: about 22
+    video = output_of(results, "python -m appo.enjoy", 1)
+    assert re.search(r"video: \S+/policy0_v\d+\.mp4 \(\d+ frames of 600x400\)", video), video
+    assert os.path.getsize(os.path.join(exp_dir, "export", "policy0.onnx")) > 0
+    assert "inputs obs; outputs action_params, values" in output_of(results, "python -m appo.export --experiment")
+    assert os.path.getsize(os.path.join(cwd, "cartpole.pt")) > 0
+    assert os.path.getsize(os.path.join(cwd, "curves.png")) > 0
+    onnx_play = output_of(results, "python block", 0)
+    assert "['obs'] ['action_params', 'values']" in onnx_play
+    assert float(re.search(r"onnx policy: return ([0-9.]+)", onnx_play).group(1)) > 50  # one episode
+    assert "torchscript agrees" in output_of(results, "python block", 1)
+
+
+CHECKS = {"guide_custom_env.md": check_custom_env, "guide_custom_metrics.md": check_custom_metrics,
+          "guide_python_api.md": check_python_api, "guide_enjoy_export.md": check_enjoy_export}
+
+
+def test_every_guide_is_checked_and_linked_from_the_readme():
+    assert sorted(CHECKS) == GUIDES
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    for guide in GUIDES:
+        assert f"(docs/{guide})" in readme, guide
+        assert blocks(guide), f"{guide} has no command to run"
+
+
+def test_commands_are_parsed_as_a_reader_would():
+    assert bash_commands("# note\npython -m a \\\n    --b=1\n\npython c.py\n") == ["python -m a --b=1", "python c.py"]
+    assert localized("python examples/x.py --out=train_dir/scripts/y") == \
+        f"{sys.executable} {REPO}/examples/x.py --out=train_dir/scripts/y"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("guide", sorted(CHECKS))
+def test_guide_commands_run(guide, tmp_path):
+    before = shm_entries()
+    results = run_guide(guide, str(tmp_path))
+    CHECKS[guide](results, str(tmp_path))
+    assert leaked_segments(before) == set()
