@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     add = g.add_argument
     add("--encoder", type=str, default="auto",
-        help="Observation encoder: auto (nature_cnn for images, mlp otherwise), mlp, nature_cnn, impala_resnet, "
+        help="Observation encoder: auto (mlp for vectors; for images nature_cnn, or small_cnn (3x3 convolutions) "
+             "when a side is under 36 pixels; said at start-up), mlp, nature_cnn, small_cnn, impala_resnet, "
              "a name registered with appo.model.register_encoder, or package.module:factory.")
     add("--actor_critic_share_weights", type=str2bool, default=True,
         help="One encoder (and core) for policy and value heads; False gives the critic its own.")
@@ -395,7 +396,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, set[s
     return cfg, explicit_flags(argv, parser)
 
 
-BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "impala_resnet")
+BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "small_cnn", "impala_resnet")
 
 
 def validate_encoder(name: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from appo.spaces import action_spec, obs_spaces
+from appo.spaces import action_spec, auto_encoder, obs_spaces
 
 ObsDict = dict[str, Tensor]
 
@@ -140,11 +140,11 @@ class MlpEncoder(nn.Module):
         return self.net(x)
 
 
-def _conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.Conv2d:
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int, padding: int = 0) -> nn.Conv2d:
     """Orthogonal init with ReLU's gain: PyTorch's default init shrinks activations at every layer, and
     after three of them Atari frames that differ in a few pixels (ball, paddle) give near-identical
     features, from which the policy cannot learn anything state-dependent."""
-    layer = nn.Conv2d(in_channels, out_channels, kernel, stride=stride)
+    layer = nn.Conv2d(in_channels, out_channels, kernel, stride=stride, padding=padding)
     nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
     nn.init.zeros_(layer.bias)
     return layer
@@ -194,6 +194,19 @@ class NatureCnn(_ConvEncoder):
         super().__init__(space, convs, 512)
 
 
+class SmallCnn(_ConvEncoder):
+    """Images too small for the Nature CNN (e.g. 10x10 grids): padded 3x3 convolutions, one of them with
+    stride 2, so any size down to 1x1 fits."""
+
+    def __init__(self, space: gym.spaces.Box, cfg):
+        convs = nn.Sequential(
+            _conv(_in_channels(space), 32, 3, stride=1, padding=1), nn.ReLU(),
+            _conv(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+            _conv(64, 64, 3, stride=1, padding=1), nn.ReLU(),
+        )
+        super().__init__(space, convs, 512)
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
@@ -218,7 +231,7 @@ class ImpalaResnet(_ConvEncoder):
 
 
 ENCODERS: dict[str, Callable[[gym.spaces.Box, object], nn.Module]] = {
-    "mlp": MlpEncoder, "nature_cnn": NatureCnn, "impala_resnet": ImpalaResnet,
+    "mlp": MlpEncoder, "nature_cnn": NatureCnn, "small_cnn": SmallCnn, "impala_resnet": ImpalaResnet,
 }
 
 
@@ -229,7 +242,7 @@ def register_encoder(name: str, factory: Callable[[gym.spaces.Box, object], nn.M
 
 def encoder_factory(name: str, space: gym.spaces.Box) -> Callable[[gym.spaces.Box, object], nn.Module]:
     if name == "auto":
-        return NatureCnn if len(space.shape) == 3 else MlpEncoder
+        return ENCODERS[auto_encoder(space)[0]]
     if name in ENCODERS:
         return ENCODERS[name]
     if ":" in name:

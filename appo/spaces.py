@@ -30,6 +30,24 @@ def obs_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:
     raise SpaceError(f"unsupported observation space {space}; use Box or a Dict of Box spaces")
 
 
+# The Nature CNN's 8x8/4, 4x4/2 and 3x3/1 convolutions need images of at least this many pixels a side.
+NATURE_CNN_MIN_SIZE = 36
+
+
+def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
+    """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images
+    [C, H, W] or [H, W, C], nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
+    shape = tuple(space.shape)
+    if len(shape) != 3:
+        return "mlp", f"{'x'.join(map(str, shape))} vector"
+    channels_last = shape[-1] <= 4 < shape[0]
+    height, width = shape[:2] if channels_last else shape[1:]
+    if min(height, width) >= NATURE_CNN_MIN_SIZE:
+        return "nature_cnn", f"{height}x{width} images"
+    return "small_cnn", (f"{height}x{width} images, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} "
+                         "nature_cnn needs")
+
+
 def obs_dtype(space: gym.spaces.Box) -> np.dtype:
     return np.dtype(np.uint8) if space.dtype == np.uint8 else np.dtype(np.float32)
 

@@ -41,6 +41,7 @@ from appo.checkpoint import (
 from appo.hooks import Hooks
 from appo.hooks import registered as registered_hooks
 from appo.pbt import load_population
+from appo.spaces import auto_encoder, obs_spaces
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
@@ -234,6 +235,10 @@ def run(argv: list[str], hooks: Hooks | None = None) -> TrainResult:
                 handler.handle(record)
     for note in notes:
         log.info("Resume override: %s", note)
+    if cfg.encoder == "auto":
+        for key, space in obs_spaces(info.obs_space).items():
+            name, why = auto_encoder(space)
+            log.info("auto: encoder %s for observation %r (%s)", name, key, why)
 
     from appo.runner import Runner
 

@@ -29,6 +29,14 @@ def test_every_space_combination_runs(trainer, obs, action):
 
 
 @pytest.mark.timeout(60)
+def test_small_images_get_the_small_cnn_and_say_so(trainer):
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", '--env_kwargs={"obs": "small_image"}',
+                         "--experiment=small_image", "--train_for_env_steps=3000", "--hidden_size=32", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "auto: encoder small_cnn for observation 'obs' (10x10 images, smaller than the 36x36" in result.stdout
+
+
+@pytest.mark.timeout(60)
 def test_user_env_registered_by_name_trains(trainer):
     command = [sys.executable, "tests/user_launcher.py", f"--train_dir={trainer.train_dir}", "--env=my_corridor",
                "--experiment=by_name", "--train_for_env_steps=40000", *SMALL]

@@ -124,6 +124,23 @@ def test_image_encoders(encoder):
     assert params.shape == (3, 4) and values.shape == (3,)
 
 
+@pytest.mark.parametrize("shape,expected", [((10, 10, 4), "small_cnn"), ((4, 10, 10), "small_cnn"),
+                                            ((3, 5, 5), "small_cnn"), ((1, 1, 1), "small_cnn"),
+                                            ((4, 84, 84), "nature_cnn"), ((36, 36, 3), "nature_cnn"),
+                                            ((7,), "mlp")])
+def test_auto_encoder_fits_the_image_size(shape, expected):
+    from appo.spaces import auto_encoder
+
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    assert auto_encoder(space)[0] == expected
+    model = ActorCritic(space, gym.spaces.Discrete(4), make_cfg(encoder="auto"))
+    obs = random_obs(space, 3)
+    params, values, _ = model.forward_step(obs, torch.zeros(3, 1))
+    assert params.shape == (3, 4) and values.shape == (3,)
+    (params.sum() + values.sum()).backward()  # trainable end to end
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p is not model.log_std)
+
+
 def test_distributions_match_torch():
     logits = torch.randn(4, 3)
     dist = ActionDistribution(logits, [("discrete", 3)], scalar_action=True)
