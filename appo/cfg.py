@@ -18,6 +18,10 @@ class ConfigError(Exception):
     """A user-facing configuration problem; its message is printed as one line."""
 
 
+# The default of --train_for_env_steps and --train_for_seconds: no budget (a run goes on until stopped).
+NO_BUDGET = 10_000_000_000
+
+
 def str2bool(value: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -241,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("stopping, checkpoints and reporting")
     add = g.add_argument
-    add("--train_for_env_steps", type=int, default=10_000_000_000, help="Stop after this many env steps.")
-    add("--train_for_seconds", type=float, default=10_000_000_000,
+    add("--train_for_env_steps", type=int, default=NO_BUDGET, help="Stop after this many env steps.")
+    add("--train_for_seconds", type=float, default=NO_BUDGET,
         help="Stop after this many seconds of this session.")
     add("--target_reward", type=float, default=None,
         help="Stop (and mark done) once a policy's mean reward over the last --stats_avg episodes reaches this.")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import gymnasium as gym
@@ -29,6 +28,7 @@ from appo.trained_policy import (
     load_policy,
     play,
     policy_source,
+    summarise,
 )
 from envs import EnvError, make_env
 from utils.logs import log, setup_logging
@@ -116,9 +116,9 @@ def video_fps(env: gym.Env) -> float:
 def summary(episodes: list[Episode]) -> str:
     if not episodes:
         return "no episode finished; raise --max_frames"
-    rewards, lengths = [e.reward for e in episodes], [e.length for e in episodes]
-    return (f"{len(episodes)} episodes: return {statistics.mean(rewards):.2f} ± {statistics.pstdev(rewards):.2f}, "
-            f"length {statistics.mean(lengths):.1f} ± {statistics.pstdev(lengths):.1f}")
+    results = summarise(episodes)
+    return (f"{len(episodes)} episodes: return {results['reward']:.2f} ± {results['reward_std']:.2f}, "
+            f"length {results['length']:.1f} ± {results['length_std']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:

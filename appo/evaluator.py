@@ -18,7 +18,6 @@ other worker, and idle between evaluations.
 from __future__ import annotations
 
 import math
-import statistics
 
 import torch
 from faster_fifo import Empty
@@ -26,7 +25,7 @@ from faster_fifo import Empty
 from appo.buffers import SamplerState
 from appo.checkpoint import checkpoint_dir, read_best, save_best
 from appo.model import ActorCritic
-from appo.trained_policy import Episode, TrainedPolicy, episode_env_kwargs, play
+from appo.trained_policy import TrainedPolicy, episode_env_kwargs, play, summarise
 from appo.weights import WeightsSubscriber
 from envs import make_env
 from utils.logs import log
@@ -35,17 +34,6 @@ from utils.process import init_worker
 EVAL_SEED = 1_000_000  # evaluation episodes use seeds no actor env starts from
 EVAL_NICENESS = 5  # on top of --default_niceness
 MAX_STEPS = 1_000_000  # per evaluation: an episode still going then is not counted
-
-
-def summarise(episodes: list[Episode]) -> dict[str, float]:
-    """Mean return (`reward`), its spread, mean length, and the mean of each episode metric the env reports."""
-    rewards = [e.reward for e in episodes]
-    results = {"reward": statistics.mean(rewards), "reward_std": statistics.pstdev(rewards),
-               "length": statistics.mean(e.length for e in episodes), "episodes": float(len(episodes))}
-    for name in sorted({name for e in episodes for name in e.extra}):
-        values = [e.extra[name] for e in episodes if name in e.extra]
-        results.setdefault(name, statistics.mean(values))
-    return results
 
 
 class Evaluator:

@@ -370,11 +370,12 @@ class Learner:
     def train_iteration(self, slots: list[int]) -> None:
         policy = self.policy
         cfg, model = policy.cfg, policy.model
+        # With iteration hooks: where this iteration's values start in the stats lists (cleared only by _report).
+        marks = {key: len(values) for key, values in self.stats.items()} if self.report_iterations else None
         with self.timing.time("batching"):
             batch = self._collect(slots)
         if batch is None:
             return
-        iteration_stats: dict[str, list[float]] = defaultdict(list)
         with self.timing.time("sgd"):
             model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
             batch["bootstrap"] = bootstrap_values(model, batch)
@@ -394,16 +395,16 @@ class Learner:
                     self._count_update(step_stats is not None)
                     for key, value in (step_stats or {}).items():
                         self.stats[key].append(value)
-                        iteration_stats[key].append(value)
             self.samples += n * cfg.rollout
             policy.version += 1
             self.weights.publish(policy.version)
             self.sampler.learner_env_steps[self.policy_id] = policy.env_steps
             self.sampler.learner_train_steps[self.policy_id] = policy.train_steps
-        if self.report_iterations:
+        if marks is not None:  # this iteration's values are the ones after the marks
+            stats = {key: float(np.mean(values[marks.get(key, 0):])) for key, values in self.stats.items()
+                     if len(values) > marks.get(key, 0)}
             self.report_queue.put(("iteration", self.policy_id, {
-                "version": policy.version, "env_steps": policy.env_steps,
-                "stats": {key: float(np.mean(values)) for key, values in iteration_stats.items()}}))
+                "version": policy.version, "env_steps": policy.env_steps, "stats": stats}))
 
     def _count_update(self, applied: bool) -> None:
         """Count applied and skipped (non-finite) updates; stop the run when updates keep failing."""

@@ -13,13 +13,12 @@ from collections import defaultdict, deque
 import numpy as np
 import psutil
 
-from appo.cfg import inference_groups
+from appo.cfg import NO_BUDGET, inference_groups
 
 FPS_WINDOWS = (10, 60, 300)
 # Printed lines fit 120 columns with the log prefix "[HH:MM:SS][MainProcess] " (24 characters).
 LINE_WIDTH = 96
 # --train_for_env_steps and --train_for_seconds default to 1e10: that means no budget, not a 300-year ETA.
-NO_BUDGET = 10_000_000_000
 # An ETA beyond this is shown as unknown ("ETA -").
 MAX_ETA_S = 100 * 86400
 
@@ -66,6 +65,11 @@ class Reports:
         self.dropped = [0] * self.num_policies
         self.learner_stats: list[dict[str, float]] = [{} for _ in range(self.num_policies)]
         self.sample_history = [deque([(self.start, 0)]) for _ in range(self.num_policies)]
+        # Total env steps over time (kept by tick()), for the ETA of a step budget.
+        self.env_step_history: deque[tuple[float, int]] = deque([(self.start, sum(initial_env_steps))])
+        # Each policy's best full-window mean reward, and the episode count it was last checked at.
+        self.best_rewards: list[float | None] = [None] * self.num_policies
+        self._best_checked_at = [0] * self.num_policies
         self.samples_total = [0] * self.num_policies
         self.inference_obs = self.inference_batches = 0  # for the mean inference batch size
         self.timing: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -152,29 +156,18 @@ class Reports:
             self.timing[component][key] += seconds
 
     # ---------------------------------------------------------------- derived numbers
-    # Kept by tick() (made on first use): total env steps over time, for the ETA of a step budget, and each
-    # policy's best full-window mean reward with the episode count it was last checked at.
-    env_step_history: deque | None = None
-    best_rewards: list[float | None] | None = None
-    _best_checked_at: list[int] | None = None
-
     def tick(self, learner_env_steps: np.ndarray | None = None) -> None:
         """Called every runner loop; `learner_env_steps` (SamplerState.learner_env_steps, which learners set
         after every iteration) keeps the env-step counts current between the learners' reports."""
         self._append(self.frame_history, self.sampled_env_steps)
         if learner_env_steps is not None:
             self.env_steps = [max(ours, int(theirs)) for ours, theirs in zip(self.env_steps, learner_env_steps)]
-        if self.env_step_history is None:
-            self.env_step_history = deque()
         self._append(self.env_step_history, self.total_env_steps())
         self._track_best_rewards()
 
     def _track_best_rewards(self) -> None:
         """Each policy's best mean reward over a full --stats_avg window so far; recomputed only when episodes
         came in since the last check."""
-        if self.best_rewards is None:
-            self.best_rewards = [None] * self.num_policies
-            self._best_checked_at = [0] * self.num_policies
         for p in range(self.num_policies):
             if self.episodes_total[p] == self._best_checked_at[p]:
                 continue
@@ -185,7 +178,7 @@ class Reports:
 
     def env_step_rate(self, window: float = 60.0) -> float:
         """Env steps per second (the count the budget is in: all policies' learners) over the last window."""
-        return self._rate(self.env_step_history, window) if self.env_step_history else 0.0
+        return self._rate(self.env_step_history, window)
 
     def progress(self) -> tuple[float, str, float | None] | None:
         """How far the run is toward the budget closest to done: (fraction done, that budget in words, seconds

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +147,19 @@ def episode_env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:
     if is_atari_name(cfg.env):
         kwargs.update(episodic_life=False, clip_rewards=False)
     return kwargs
+
+
+def summarise(episodes: list[Episode]) -> dict[str, float]:
+    """Mean return (`reward`) and length with their spreads (population std), the episode count, and the mean of
+    each episode metric the env reports."""
+    rewards, lengths = [e.reward for e in episodes], [e.length for e in episodes]
+    results = {"reward": statistics.mean(rewards), "reward_std": statistics.pstdev(rewards),
+               "length": statistics.mean(lengths), "length_std": statistics.pstdev(lengths),
+               "episodes": float(len(episodes))}
+    for name in sorted({name for e in episodes for name in e.extra}):
+        values = [e.extra[name] for e in episodes if name in e.extra]
+        results.setdefault(name, statistics.mean(values))
+    return results
 
 
 def play(policy: TrainedPolicy, envs: list[gym.Env], episodes: int, deterministic: bool, max_frames: int, seed: int,
