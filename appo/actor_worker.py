@@ -24,6 +24,7 @@ from faster_fifo import Empty, Full
 
 from appo.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
 from appo.cfg import env_kwargs, inference_group_of, lockstep, trajectories_per_iteration
+from appo.matchmaking import Matchmaker, acting_name, learning_policy, num_acting_ids
 from appo.spaces import SINGLE_KEY, to_env_action
 from envs import make_env
 from utils.logs import log
@@ -92,6 +93,10 @@ class ActorWorker:
         self.call, self.call_env, self.call_since = sampler.actor_call, sampler.actor_call_env, sampler.actor_call_since
         # (policy, return, length, PBT objective or None, extra_stats) of the episodes finished since the last report
         self.finished_episodes: list[tuple[int, float, int, float | None, dict[str, float]]] = []
+        # Multi-agent envs played by more than one acting id: (players' names, their returns) per game, for ratings.
+        self.finished_games: list[tuple[list[str], list[float]]] = []
+        self.num_acting = num_acting_ids(cfg)  # policies and self-play snapshots (appo/matchmaking.py)
+        self.matchmaker = Matchmaker(cfg, layout.num_agents, sampler.policy_version, self.rng)
         self.splits: list[Split] = []
         self.last_report = time.monotonic()
         self.lockstep = lockstep(cfg)
@@ -166,18 +171,11 @@ class ActorWorker:
 
     def _initial_policies(self, s: int, n: int) -> np.ndarray:
         """With --agent_policy_mapping=split, split s of worker w belongs to policy (w * splits + s) % policies for
-        good: a step of it needs one forward pass. Otherwise a draw, renewed at every episode start."""
+        good: a step of it needs one forward pass. Otherwise the matchmaker's draw, renewed at every episode start."""
         if self.cfg.agent_policy_mapping == "split":
             split_index = self.worker * self.layout.num_splits + s
             return np.full(n, split_index % self.cfg.num_policies, dtype=np.int16)
-        return self._draw_policies(n)
-
-    def _draw_policies(self, n: int) -> np.ndarray:
-        """A policy per env-agent; with --pbt_mix_policies_in_one_env=False all agents of an env share one."""
-        if self.cfg.pbt_mix_policies_in_one_env or self.num_agents == 1:
-            return self.rng.integers(0, self.cfg.num_policies, size=n, dtype=np.int16)
-        per_env = self.rng.integers(0, self.cfg.num_policies, size=n // self.num_agents, dtype=np.int16)
-        return np.repeat(per_env, self.num_agents)
+        return self.matchmaker.draw(n // self.num_agents)
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
@@ -305,17 +303,24 @@ class ActorWorker:
             if true_score is None and getattr(split.envs[i], "reports_true_episode_reward", False):
                 continue  # a life lost, not a game over: keep counting the game's reward and length
             extra = extra_stats(info)
+            returns = []
             for j in range(i * a, (i + 1) * a):
                 reward = float(split.episode_reward[j] if true_score is None else true_score)
-                self.finished_episodes.append((int(policies[j]), reward, split.steps - split.episode_start[j],
-                                               self._objective(info, extra, reward), extra))
+                returns.append(reward)
+                if policies[j] < self.cfg.num_policies:  # a snapshot's episodes are only rated (below)
+                    self.finished_episodes.append((int(policies[j]), reward, split.steps - split.episode_start[j],
+                                                   self._objective(info, extra, reward), extra))
                 split.episode_reward[j] = 0.0
                 split.episode_start[j] = split.steps
+            if a > 1 and self.num_acting > 1:
+                players = policies[i * a:(i + 1) * a].tolist()
+                versions = traj.policy_versions[split.slots[i * a:(i + 1) * a], t].tolist()
+                self.finished_games.append(([acting_name(self.cfg, p, v) for p, v in zip(players, versions)], returns))
         traj.dones[split.slots, t] = codes
         dones = codes > 0
         if self.cfg.use_rnn:
             traj.rnn_states[split.slots[dones], t + 1] = 0.0
-        if self.cfg.num_policies > 1:
+        if self.num_acting > 1:
             if self.cfg.agent_policy_mapping == "episode":
                 self._redraw_policies(s, dones, t + 1)
             if self.shaping_keys:
@@ -334,14 +339,14 @@ class ActorWorker:
 
     def _apply_shaping(self, s: int, i: int) -> None:
         """Give env i of split s the reward-shaping scheme of the policy its first agent plays for."""
-        policy = self.sampler.agent_policy[self.worker, s, i * self.num_agents]
+        policy = learning_policy(self.cfg, int(self.sampler.agent_policy[self.worker, s, i * self.num_agents]))
         scheme = dict(zip(self.shaping_keys, self.sampler.reward_shaping[policy].tolist()))
         self.splits[s].envs[i].get_wrapper_attr("set_reward_shaping")(scheme)
 
     def _redraw_policies(self, s: int, dones: np.ndarray, from_t: int) -> None:
         """New episodes draw their policy; the rest of their trajectory rows is theirs."""
         policies = self.sampler.agent_policy[self.worker, s]
-        policies[dones] = self._draw_policies(int(dones.sum()))  # all agents of an env end together
+        policies[dones] = self.matchmaker.draw(int(dones.sum()) // self.num_agents)  # all agents of an env end together
         self.traj.policy_ids[self.splits[s].slots[dones], from_t:] = policies[dones, None]
 
     def _sanitize_rewards(self, s: int, rewards: list[float]) -> list[float]:
@@ -383,7 +388,7 @@ class ActorWorker:
 
     def _acting_policies(self, s: int) -> list[int]:
         """The policies acting for some env-agent of split s (np.unique costs ~150 us with cold caches)."""
-        if self.cfg.num_policies == 1:
+        if self.num_acting == 1:
             return [0]
         return sorted(set(self.sampler.agent_policy[self.worker, s].tolist()))
 
@@ -410,7 +415,7 @@ class ActorWorker:
         if self.trajs_sent == 0:
             self.base_version = int(self.sampler.policy_version[0])
         self.trajs_sent += len(filled)
-        if self.cfg.num_policies == 1:
+        if self.num_acting == 1:
             sent = [(0, filled.tolist())]
         else:
             present = [set(traj.policy_ids[slot].tolist()) for slot in filled]
@@ -445,7 +450,7 @@ class ActorWorker:
         """Block until n free slots exist and no learner of this split's policies asked for a pause.
 
         Returns None when the run stops while waiting."""
-        policies = self._acting_policies(s)
+        policies = [learning_policy(self.cfg, p) for p in self._acting_policies(s)]
         start = time.perf_counter()
         while (len(self._free_slots()) < n or self.sampler.pause_collection[policies].any()
                or self._learner_behind()):
@@ -488,6 +493,7 @@ class ActorWorker:
         self.report_queue.put(("actor", self.worker, {
             "env_steps": self.env_steps,
             "episodes": self.finished_episodes,
+            "games": self.finished_games,
             "timing": self.timing.take(),
             "env_errors": self.env_errors,
             "nonfinite": self.nonfinite_rewards,
@@ -497,6 +503,7 @@ class ActorWorker:
         self.env_errors = 0
         self.nonfinite_rewards = 0
         self.finished_episodes = []
+        self.finished_games = []
 
 
 def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes,

@@ -163,7 +163,10 @@ class SamplerState:
     ENV_CALLS = ("", "make", "reset", "step")  # values of actor_call
 
     def __init__(self, layout: Layout, num_policies: int, inference_workers: tuple[int, int] = (1, 1),
-                 shaping_keys: tuple[str, ...] = ()):
+                 shaping_keys: tuple[str, ...] = (), num_snapshots: int = 0):
+        """Requests, answers and weights are per acting id: the policies, then `num_snapshots` self-play
+        snapshots (appo/matchmaking.py); the rest is per learning policy."""
+        acting = num_policies + num_snapshots
         shape = (layout.num_workers, layout.num_splits, layout.agents_per_split)
         self.cur_slot = shared_array(shape, np.int64)
         self.agent_policy = shared_array(shape, np.int16)
@@ -171,18 +174,19 @@ class SamplerState:
         # request outstanding per policy: the actor writes the step into request_step, then bumps
         # request_count; inference writes the results into the slots, then bumps answer_count. Each
         # counter has one writer, and no queue message is needed unless the other side sleeps.
-        requests = (num_policies, layout.num_workers, layout.num_splits)
+        requests = (acting, layout.num_workers, layout.num_splits)
         self.request_step = shared_array(requests, np.int64)
         self.request_count = shared_array(requests, np.int64)
         self.answer_count = shared_array(requests, np.int64)
         # Raised by a worker about to block on its queue: whoever then gives it work also sends a wake-up.
         self.actor_waiting = shared_array((layout.num_workers,), np.uint8)
         self.inference_idle = shared_array(inference_workers, np.uint8)  # [group, index] (cfg.inference_groups)
-        # Published weight version per policy; -1 until the learner has published its first weights.
-        self.policy_version = shared_array((num_policies,), np.int64)
+        # Published weight version per acting id; -1 until the learner has published its first weights (or taken
+        # the snapshot); a snapshot's version is that of the policy weights it froze.
+        self.policy_version = shared_array((acting,), np.int64)
         self.policy_version[:] = -1
         # Seqlock counter guarding the weights buffer (odd while the learner is writing).
-        self.weights_seq = shared_array((num_policies,), np.int64)
+        self.weights_seq = shared_array((acting,), np.int64)
         # slot_owed[p, slot] = 1: the slot holds a finished trajectory that policy p's learner has not read yet.
         # The actor sets it (before telling the learner) and the learner clears it once it has copied the slot;
         # a slot is free for its actor when no policy owes it. Queue messages about slots are only hints.
@@ -246,6 +250,14 @@ def create_segment(name: str, nbytes: int) -> mmap.mmap:
         return mmap.mmap(fd, nbytes)
     finally:
         os.close(fd)
+
+
+def open_segment(name: str, nbytes: int) -> mmap.mmap:
+    """Create the segment, or attach to it when a predecessor of the caller (a learner that died) made it."""
+    try:
+        return create_segment(name, nbytes)
+    except FileExistsError:
+        return attach_segment(name)
 
 
 def attach_segment(name: str) -> mmap.mmap:

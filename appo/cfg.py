@@ -231,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--pbt_mix_policies_in_one_env", type=str2bool, default=True,
         help="Multi-agent envs: draw a policy per agent; False: one policy for all agents of an env.")
 
+    g = p.add_argument_group("multi-agent envs and self-play")
+    add = g.add_argument
+    add("--policy_mapping", type=str, default=None,
+        help="package.module:function deciding the policies of an episode: function(num_agents, num_policies, rng) "
+             "returns one policy id per agent, called at every episode start (rng: a numpy Generator). Default: a "
+             "uniform draw per agent (per env with --pbt_mix_policies_in_one_env=False).")
+    add("--self_play_opponents", type=int, default=0,
+        help="Self-play with an opponent pool: keep this many frozen snapshots of each policy, served by the inference "
+             "workers; in an episode one random seat plays the policy and learns, the others its latest self or one "
+             "snapshot. Multi-agent envs only; 0: no pool (agents play the mapped policies).")
+    add("--self_play_snapshot_every", type=int, default=100,
+        help="Policy versions (training iterations) between two snapshots; the newest replaces the oldest.")
+    add("--self_play_latest_fraction", type=float, default=0.5,
+        help="Fraction of episodes in which the opponents are the policy's latest self rather than a snapshot drawn "
+             "uniformly from its pool (always the latest self until the first snapshot exists).")
+
     g = p.add_argument_group("benchmarking")
     add = g.add_argument
     add("--benchmark", type=str2bool, default=False,
@@ -281,7 +297,7 @@ POSITIVE_INTS = [
     "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies", "policy_workers_per_policy",
     "rollout", "min_traj_buffers_per_worker", "hidden_size", "batch_size", "num_batches_per_iteration",
     "ppo_epochs", "num_minibatches_to_accumulate", "keep_checkpoints", "stats_avg", "train_for_env_steps",
-    "benchmark_env_steps", "benchmark_samples", "learner_torch_threads", "eval_episodes",
+    "benchmark_env_steps", "benchmark_samples", "learner_torch_threads", "eval_episodes", "self_play_snapshot_every",
 ]
 POSITIVE_FLOATS = ["train_for_seconds", "save_every_sec", "experiment_summaries_interval", "report_interval",
                    "gamma", "learning_rate", "adam_eps", "reset_timeout_seconds", "stall_timeout_seconds",
@@ -330,6 +346,7 @@ def validate(cfg: argparse.Namespace) -> None:
         raise ConfigError(f"--max_policy_lag={cfg.max_policy_lag}: must be 0 or more")
     if cfg.with_pbt:
         validate_pbt(cfg)
+    validate_self_play(cfg)
     if not (cfg.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", cfg.device)):
         raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
     env_kwargs(cfg)
@@ -358,11 +375,36 @@ def validate_pbt(cfg: argparse.Namespace) -> None:
         raise ConfigError("--pbt_target_objective: must name an episode metric, e.g. true_objective")
 
 
+def validate_self_play(cfg: argparse.Namespace) -> None:
+    if cfg.self_play_opponents < 0:
+        raise ConfigError(f"--self_play_opponents={cfg.self_play_opponents}: must be 0 (no pool) or more")
+    if not 0.0 <= cfg.self_play_latest_fraction <= 1.0:
+        raise ConfigError(f"--self_play_latest_fraction={cfg.self_play_latest_fraction}: must be within [0, 1]")
+    if cfg.self_play_opponents and cfg.num_policies > 1 and not cfg.shared_inference_workers:
+        raise ConfigError("--self_play_opponents needs --shared_inference_workers=True with several policies (the "
+                          "inference workers of a policy serve its snapshots too)")
+    if cfg.policy_mapping is not None:
+        from appo.matchmaking import MappingError, load_mapping
+
+        try:
+            load_mapping(cfg.policy_mapping)
+        except MappingError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
 def resolve(cfg: argparse.Namespace, num_agents: int = 1) -> argparse.Namespace:
     """Fill in values that depend on other flags or the env (documented as -1 / auto in --help)."""
     splits = cfg.num_workers * cfg.worker_num_splits
+    per_episode = cfg.self_play_opponents > 0 or cfg.policy_mapping is not None  # mappings drawn at episode starts
+    if cfg.self_play_opponents and num_agents < 2:
+        raise ConfigError(f"--self_play_opponents={cfg.self_play_opponents}: --env={cfg.env} has one agent; self-play "
+                          "needs a multi-agent env (num_agents >= 2)")
+    if per_episode and cfg.agent_policy_mapping == "split":
+        raise ConfigError("--agent_policy_mapping=split gives each split one policy for the whole run; "
+                          "--policy_mapping and --self_play_opponents draw per episode: use episode or auto")
     if cfg.agent_policy_mapping == "auto":
-        cfg.agent_policy_mapping = "split" if num_agents == 1 and splits >= cfg.num_policies else "episode"
+        cfg.agent_policy_mapping = ("split" if num_agents == 1 and splits >= cfg.num_policies and not per_episode
+                                    else "episode")
     if cfg.agent_policy_mapping == "split" and splits < cfg.num_policies:
         raise ConfigError(f"--agent_policy_mapping=split needs a split per policy: --num_workers * --worker_num_splits"
                           f" = {splits} < --num_policies = {cfg.num_policies}")
@@ -424,15 +466,19 @@ def env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:
 
 
 def inference_groups(cfg: argparse.Namespace) -> list[list[int]]:
-    """The policies each inference worker serves; there are --policy_workers_per_policy workers per group."""
+    """The acting ids (policies and their self-play snapshots, appo/matchmaking.py) each inference worker serves,
+    consecutive; there are --policy_workers_per_policy workers per group."""
+    from appo.matchmaking import num_acting_ids, snapshot_ids
+
     if cfg.shared_inference_workers:
-        return [list(range(cfg.num_policies))]
-    return [[p] for p in range(cfg.num_policies)]
+        return [list(range(num_acting_ids(cfg)))]
+    # With snapshots this happens only for one policy (validate_self_play): ids 0..K, consecutive.
+    return [[p, *snapshot_ids(cfg, p)] for p in range(cfg.num_policies)]
 
 
 def inference_group_of(cfg: argparse.Namespace) -> list[int]:
-    """For each policy, the group of inference workers that serves it."""
-    return [g for g, policies in enumerate(inference_groups(cfg)) for _ in policies]
+    """For each acting id, the group of inference workers that serves it."""
+    return [g for g, ids in enumerate(inference_groups(cfg)) for _ in ids]
 
 
 def inference_name(cfg: argparse.Namespace, group: int, index: int) -> str:

@@ -25,6 +25,7 @@ from faster_fifo import Empty
 
 from appo.buffers import WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
 from appo.cfg import inference_groups, inference_name
+from appo.matchmaking import num_acting_ids
 from appo.model import ActorCritic
 from appo.weights import WeightsSubscriber
 from utils.logs import log
@@ -62,8 +63,12 @@ class InferenceWorker:
         self.device = resolve_device(cfg.device)
         self.traj = traj
         self.models = [ActorCritic(*spaces, cfg).to(self.device).eval() for _ in self.policies]
-        self.weights = [WeightsSubscriber(model, weights_names[p], sampler, p)
-                        for model, p in zip(self.models, self.policies)]
+        # A self-play snapshot (acting id >= --num_policies) is attached at its first request: it may not exist yet.
+        self.weights_names = weights_names
+        self.weights: list[WeightsSubscriber | None] = [
+            WeightsSubscriber(model, weights_names[p], sampler, p) if p < cfg.num_policies else None
+            for model, p in zip(self.models, self.policies)]
+        self.single_id = num_acting_ids(cfg) == 1
         self.generator = torch.Generator(self.device)
         if cfg.seed is not None:
             self.generator.manual_seed(cfg.seed + 7919 * (group * k + index))
@@ -87,19 +92,16 @@ class InferenceWorker:
         self.request_rate = 0.0  # streams asking per second, measured over the last report interval
 
     def run(self) -> None:
-        for weights in self.weights:
-            weights.update()
+        for local in range(len(self.policies)):
+            if self.weights[local] is not None:
+                self.weights[local].update()
         self.report_queue.put(("ready", self.name))
         last_report = time.monotonic()
         while not self.sampler.stop[0]:
             with self.timing.time("wait"):
                 requests = self._next_requests()
-            for local, policy_requests in self._by_policy(requests):
-                with self.timing.time("weights"):
-                    self.weights[local].update()
-                with self.timing.time("forward"):
-                    self._serve(local, policy_requests)
             if len(requests[0]):
+                self._serve(requests)
                 with self.timing.time("forward"):  # answering is part of serving in the time shares
                     self._answer(requests)
             now = time.monotonic()
@@ -108,6 +110,12 @@ class InferenceWorker:
                 self._report()
                 last_report = now
         self._report()
+
+    def _weights(self, local: int) -> WeightsSubscriber:
+        if self.weights[local] is None:
+            p = self.policies[local]
+            self.weights[local] = WeightsSubscriber(self.models[local], self.weights_names[p], self.sampler, p)
+        return self.weights[local]
 
     def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(policy among this worker's, row in this worker's share of actors, split) of every unanswered request."""
@@ -138,51 +146,69 @@ class InferenceWorker:
             requests = self._pending()
         return requests
 
-    def _by_policy(self, requests: tuple[np.ndarray, ...]) -> list[tuple[int, tuple[np.ndarray, np.ndarray]]]:
-        """The (rows, splits) of the requests to each served policy that has any."""
+    def _locate(self, requests: tuple[np.ndarray, np.ndarray, np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Slot, step and acting id (None when only one id exists) of every env-agent the requests name, grouped
+        by acting id: a request of id k for split s covers the agents of s that id k acts for."""
         local, rows, splits = requests
-        if len(self.policies) == 1:
-            return [(0, (rows, splits))] if len(rows) else []
-        return [(k, (rows[local == k], splits[local == k])) for k in np.unique(local).tolist()]
-
-    def _locate(self, local: int, requests: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Slot and step index of every env-agent of policy `local` named by its requests."""
-        rows, splits = requests
-        workers, steps = self.workers[rows], self.request_step[local, rows, splits]
+        workers = self.workers[rows]
         slots = self.sampler.cur_slot[workers, splits]  # [requests, agents per split]
-        steps = np.repeat(steps, slots.shape[1])
-        if self.cfg.num_policies == 1:
-            return slots.ravel(), steps
-        mine = (self.sampler.agent_policy[workers, splits] == self.policies[local]).ravel()
-        return slots.ravel()[mine], steps[mine]
+        steps = np.repeat(self.request_step[local, rows, splits], slots.shape[1])
+        if self.single_id:
+            return slots.ravel(), steps, None
+        acting = self.sampler.agent_policy[workers, splits].ravel()
+        mine = acting == np.repeat(np.asarray(self.policies)[local], slots.shape[1])
+        order = np.argsort(acting[mine], kind="stable")
+        return slots.ravel()[mine][order], steps[mine][order], acting[mine][order]
 
     @torch.inference_mode()  # no autograd bookkeeping at all: about 5% of a small batch
-    def _serve(self, local: int, requests: tuple[np.ndarray, np.ndarray]) -> None:
-        """One forward pass of policy `local` for its requests; results go into the slots."""
+    def _serve(self, requests: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """Actions for every pending request: one gather, one forward pass per acting id (its rows are consecutive),
+        one sampling and one scatter for all of them. With self-play many snapshot ids act at once, and the
+        per-id share of the work is then only its forward pass."""
         # Gathers and scatters go through numpy views of the shared memory: for the small index sets of
         # one batch numpy's fancy indexing costs a fraction of torch's. Torch runs only the model.
-        slots, steps = self._locate(local, requests)
-        traj, device, model = self.traj, self.device, self.models[local]
-        obs = {}
-        for key, array in traj.obs.items():
-            rows = array[slots, steps]
-            if rows.dtype.kind == "f" and not np.isfinite(rows).all():
-                rows = self._sanitize(key, array, rows, slots, steps)
-            obs[key] = torch.from_numpy(rows).to(device)
-        rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
-        params, values, next_rnn_states = model.forward_step(obs, rnn_states)
-        dist = model.distribution(params)
-        actions = dist.sample(self.generator)
-        log_probs = dist.log_prob(actions)
-
-        traj.actions[slots, steps] = actions.cpu().numpy()
-        traj.log_probs[slots, steps] = log_probs.cpu().numpy()
-        traj.values[slots, steps] = values.cpu().numpy()
-        traj.policy_versions[slots, steps] = self.weights[local].version
-        if self.cfg.use_rnn:
-            traj.rnn_states[slots, steps + 1] = next_rnn_states.cpu().numpy()
+        timing, traj, device = self.timing, self.traj, self.device
+        with timing.time("forward"):
+            slots, steps, acting = self._locate(requests)
+            obs = {}
+            for key, array in traj.obs.items():
+                rows = array[slots, steps]
+                if rows.dtype.kind == "f" and not np.isfinite(rows).all():
+                    rows = self._sanitize(key, array, rows, slots, steps)
+                obs[key] = torch.from_numpy(rows).to(device)
+            rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
+        if acting is None:
+            groups = [(0, 0, len(slots))]
+        else:
+            ids, starts = np.unique(acting, return_index=True)
+            ends = [*starts[1:].tolist(), len(slots)]
+            groups = [(i - self.policies[0], a, b) for i, a, b in zip(ids.tolist(), starts.tolist(), ends)]
+        outputs, versions = [], []
+        for local, begin, end in groups:
+            with timing.time("weights"):
+                weights = self._weights(local)
+                weights.update()
+            with timing.time("forward"):
+                part = slice(begin, end) if len(groups) > 1 else slice(None)
+                outputs.append(self.models[local].forward_step({key: x[part] for key, x in obs.items()},
+                                                                rnn_states[part]))
+                versions.append(weights.version)
+        with timing.time("forward"):
+            params, values, next_rnn_states = (torch.cat(parts) for parts in zip(*outputs)) if len(groups) > 1 \
+                else outputs[0]
+            dist = self.models[0].distribution(params)  # every acting id has the same action space
+            actions = dist.sample(self.generator)
+            log_probs = dist.log_prob(actions)
+            traj.actions[slots, steps] = actions.cpu().numpy()
+            traj.log_probs[slots, steps] = log_probs.cpu().numpy()
+            traj.values[slots, steps] = values.cpu().numpy()
+            traj.policy_versions[slots, steps] = (versions[0] if len(groups) == 1 else
+                                                  np.repeat(versions, [end - begin for _, begin, end in groups]))
+            if self.cfg.use_rnn:
+                traj.rnn_states[slots, steps + 1] = next_rnn_states.cpu().numpy()
         self.samples += len(slots)
-        self.batches += 1
+        self.batches += len(groups)
 
     def _sanitize(self, key: str, array: np.ndarray, rows: np.ndarray, slots: np.ndarray, steps: np.ndarray
                   ) -> np.ndarray:
@@ -216,7 +242,7 @@ class InferenceWorker:
         self.requests += self._streams(requests)
 
     def _report(self) -> None:
-        versions = ", ".join(str(weights.version) for weights in self.weights)
+        versions = ", ".join(str(weights.version) for weights in self.weights if weights is not None)
         self.report_queue.put(("inference", self.name, {
             "samples": self.samples, "batches": self.batches, "timing": self.timing.take(), "nonfinite": self.nonfinite,
             "state": f"weights version {versions}",

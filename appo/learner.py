@@ -30,6 +30,7 @@ from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
 from appo.cfg import trajectories_per_iteration
 from appo.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
 from appo.inference_worker import resolve_device
+from appo.matchmaking import num_acting_ids, snapshot_ids
 from appo.model import ActorCritic
 from appo.pbt import pbt_dir
 from appo.policy import Policy
@@ -163,8 +164,9 @@ class Learner:
     carries out what population-based training asks of it (see `_on_message`)."""
 
     def __init__(self, cfg, layout: Layout, spaces, policy_id: int, traj: TrajBuffers, sampler: SamplerState,
-                 inboxes: list, actor_inboxes: list, report_queue, weights_name: str, exp_dir: str,
+                 inboxes: list, actor_inboxes: list, report_queue, weights_names: list[str], exp_dir: str,
                  hyperparams: dict[str, float] | None = None, report_iterations: bool = False):
+        """`weights_names[id]`: the weights segment of every acting id (this policy's and its snapshots' are used)."""
         self.cfg, self.layout, self.policy_id = cfg, layout, policy_id
         self.sampler, self.inbox, self.learner_inboxes = sampler, inboxes[policy_id], inboxes
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
@@ -177,7 +179,11 @@ class Learner:
             torch.manual_seed(cfg.seed + policy_id)
         self.policy = Policy(policy_id, cfg, spaces, self.device, hyperparams)
         checkpoint = self._load()
-        self.weights = WeightsPublisher(self.policy.model, weights_name, sampler, policy_id)
+        self.weights = WeightsPublisher(self.policy.model, weights_names[policy_id], sampler, policy_id)
+        # The self-play pool's segments: snapshot k of this policy is acting id snapshot_ids(cfg, policy_id)[k].
+        self.snapshot_weights = [WeightsPublisher(self.policy.model, weights_names[i], sampler, i)
+                                 for i in snapshot_ids(cfg, policy_id)]
+        self._share_snapshots()
         self.trajs_per_iteration = trajectories_per_iteration(cfg)
         # Slots owed by this learner, oldest first: found by the actors' messages or by a scan of slot_owed.
         self.pending: list[int] = []
@@ -210,6 +216,24 @@ class Learner:
             lost += " and the optimizer's moments since " + ("that checkpoint" if checkpoint else "the start")
         log.warning("policy %d: learner replaced; continues as version %d from %s; optimizer state %s; lost: %s", p,
                     policy.version, weights, optimizer, lost)
+
+    # ---------------------------------------------------------------- self-play pool
+    def _share_snapshots(self) -> None:
+        """Make the pool in shared memory and the policy's agree: snapshots a predecessor of this learner published
+        are newer than the checkpoint's and are taken back; otherwise the checkpoint's are published."""
+        for k, publisher in enumerate(self.snapshot_weights):
+            published = publisher.read_frozen()
+            if published is not None:
+                version = int(self.sampler.policy_version[publisher.policy_id])
+                self.policy.snapshots[k] = {"version": version, "weights": published}
+            elif self.policy.snapshots[k] is not None:
+                publisher.publish_frozen(self.policy.snapshots[k]["weights"], self.policy.snapshots[k]["version"])
+
+    def _take_snapshot(self) -> None:
+        place, replaced = self.policy.take_snapshot()
+        self.snapshot_weights[place].publish(self.policy.version)  # the model holds the snapshot's weights now
+        log.info("policy %d: version %d joins the self-play pool%s", self.policy_id, self.policy.version,
+                 "" if replaced is None else f" in place of version {replaced}")
 
     # ---------------------------------------------------------------- checkpoints
     def _load(self) -> str | None:
@@ -347,7 +371,7 @@ class Learner:
                                                      cfg.value_bootstrap)
             batch["dones"] = (done_codes > 0).float()
             self.nonfinite_inputs += replace_nonfinite_(batch)
-            if cfg.num_policies > 1:
+            if num_acting_ids(cfg) > 1:  # only this policy's steps are learned from (not other policies', snapshots')
                 batch["mask"] = valid[fresh].float().to(self.device)
         self._release(slots)
         return batch
@@ -398,6 +422,8 @@ class Learner:
             self.samples += n * cfg.rollout
             policy.version += 1
             self.weights.publish(policy.version)
+            if policy.snapshot_due():
+                self._take_snapshot()
             self.sampler.learner_env_steps[self.policy_id] = policy.env_steps
             self.sampler.learner_train_steps[self.policy_id] = policy.train_steps
         if marks is not None:  # this iteration's values are the ones after the marks
@@ -436,9 +462,9 @@ class Learner:
         self.samples = self.dropped = self.skipped_updates = self.nonfinite_inputs = 0
 
 
-def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,
+def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_names,
                 exp_dir, hyperparams, report_iterations) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(cfg.learner_torch_threads)
-    Learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_name,
+    Learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_names,
             exp_dir, hyperparams, report_iterations).run()

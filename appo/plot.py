@@ -63,14 +63,8 @@ def mean_and_range(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 20
     return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
-def plot(run_dirs: list[str], out: str, x: str = "env_steps", tag: str = "episode/reward", policy: int = 0,
-         title: str | None = None) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
+def draw(ax, run_dirs: list[str], x: str = "env_steps", tag: str = "episode/reward", policy: int = 0) -> None:
+    """One curve per group of runs (their mean, the range shaded) on a matplotlib axis, with x label and legend."""
     for name, runs in group_runs(run_dirs).items():
         curves = [read_curve(run, tag, policy, x) for run in runs]
         grid, mean, low, high = mean_and_range(curves)
@@ -79,10 +73,21 @@ def plot(run_dirs: list[str], out: str, x: str = "env_steps", tag: str = "episod
         if len(runs) > 1:
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel(X_LABELS[x])
-    ax.set_ylabel(f"{tag} (mean over the last --stats_avg episodes)" if tag.startswith("episode/") else tag)
-    ax.set_title(title or f"{tag}, policy {policy}")
     ax.grid(alpha=0.3)
     ax.legend()
+
+
+def plot(run_dirs: list[str], out: str, x: str = "env_steps", tag: str = "episode/reward", policy: int = 0,
+         title: str | None = None) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    draw(ax, run_dirs, x, tag, policy)
+    ax.set_ylabel(f"{tag} (mean over the last --stats_avg episodes)" if tag.startswith("episode/") else tag)
+    ax.set_title(title or f"{tag}, policy {policy}")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=100)

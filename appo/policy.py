@@ -1,9 +1,11 @@
-"""A policy as one object: weights, optimizer state, hyper-parameters, version and counters.
+"""A policy as one object: weights, optimizer state, hyper-parameters, version, counters and self-play pool.
 
 The learner process holds one `Policy` and trains it; population-based training acts on it through two
 operations only: `set_hyperparams` (a new learning rate, loss coefficients, ...; applied from the next
 training iteration) and `adopt` (take over another policy's weights and optimizer state while keeping
-this policy's own hyper-parameters and an ever-increasing version).
+this policy's own hyper-parameters and an ever-increasing version). Self-play acts on it through
+`take_snapshot`: a frozen copy of the weights joins its opponent pool (appo/matchmaking.py), which is saved
+with its checkpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import torch
 
 from appo.model import ActorCritic
+from appo.weights import frozen_weights
 
 
 class Policy:
@@ -32,6 +35,8 @@ class Policy:
         # Trajectories with a step sampled by an older version were collected by weights this policy has
         # replaced (`adopt`); the learner drops them.
         self.min_version = 0
+        # Self-play opponent pool: --self_play_opponents frozen copies {"version", "weights"} (None: not taken yet).
+        self.snapshots: list[dict | None] = [None] * cfg.self_play_opponents
 
     def set_hyperparams(self, hyperparams: dict[str, float]) -> None:
         for name, value in hyperparams.items():
@@ -42,12 +47,31 @@ class Policy:
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.learning_rate
 
+    # ---------------------------------------------------------------- self-play
+    def snapshot_due(self) -> bool:
+        """Whether the current version joins the opponent pool (every --self_play_snapshot_every versions)."""
+        return bool(self.snapshots) and self.version % self.cfg.self_play_snapshot_every == 0
+
+    def take_snapshot(self) -> tuple[int, int | None]:
+        """Freeze the current weights into the pool in place of the oldest snapshot (or an empty place); returns
+        the place and the version it replaced (None if it was empty)."""
+        place = min(range(len(self.snapshots)),
+                    key=lambda k: -1 if self.snapshots[k] is None else self.snapshots[k]["version"])
+        replaced = self.snapshots[place]
+        self.snapshots[place] = {"version": self.version, "weights": frozen_weights(self.model)}
+        return place, None if replaced is None else replaced["version"]
+
+    def _restore_snapshots(self, saved: list[dict | None]) -> None:
+        """The saved pool, its newest --self_play_opponents snapshots if it was bigger."""
+        newest = sorted((s for s in saved if s is not None), key=lambda s: s["version"])[-len(self.snapshots):]
+        self.snapshots = newest + [None] * (len(self.snapshots) - len(newest)) if self.snapshots else []
+
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """Everything a checkpoint or another policy needs."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "version": self.version, "env_steps": self.env_steps, "train_steps": self.train_steps,
-                "min_version": self.min_version, "hyperparams": dict(self.hyperparams)}
+                "min_version": self.min_version, "hyperparams": dict(self.hyperparams), "snapshots": self.snapshots}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume this policy from its own checkpoint. Hyper-parameters are not taken from it: with PBT the
@@ -56,6 +80,7 @@ class Policy:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version, self.env_steps, self.train_steps = state["version"], state["env_steps"], state["train_steps"]
         self.min_version = state.get("min_version", 0)
+        self._restore_snapshots(state.get("snapshots", []))
         self.set_hyperparams(self.hyperparams)  # the optimizer state carried the saved learning rate
 
     def adopt(self, donor_state: dict) -> None:
@@ -63,7 +88,7 @@ class Policy:
 
         The version moves past every version this policy published, so inference picks the new weights up
         and lag accounting stays monotonic; trajectories from before are dropped (`min_version`). Env-step
-        and train-step counters stay this policy's own."""
+        and train-step counters and the self-play pool stay this policy's own."""
         self.model.load_state_dict(donor_state["model"])
         self.optimizer.load_state_dict(donor_state["optimizer"])
         self.set_hyperparams(self.hyperparams)

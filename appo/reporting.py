@@ -49,6 +49,7 @@ class Reports:
         # Per-episode objective PBT ranks by (--pbt_target_objective); emptied when a policy's weights are replaced.
         self.objectives = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
+        self.ratings = None  # appo.ratings.Ratings, set by the runner when games have players of different ids
         self.show_objective = cfg.with_pbt or cfg.target_objective is not None
         # Per policy, each metric an env reports in info["episode_extra_stats"]: its last --stats_avg values.
         self.extra_stats: list[dict[str, deque]] = [{} for _ in range(self.num_policies)]
@@ -326,6 +327,9 @@ class Reports:
             lines += _fit([f"faults: {faults[0]}"] + [f", {fault}" for fault in faults[1:]], indent="  ")
         if self.hyperparams is not None:
             lines += _fit([self._population_text()], indent="  ")
+        if self.ratings is not None:
+            pieces = self.ratings.status_pieces(self.num_policies)
+            lines += _fit([f"ratings: {pieces[0]}"] + [f"; {piece}" for piece in pieces[1:]], indent="  ")
         return "\n".join(lines)
 
     def summary_line(self, checkpoints: list[str | None]) -> str:
@@ -383,6 +387,23 @@ class Reports:
                     writer.add_scalar(f"faults/restarts_{role}", self.restarts.get(role, 0), step)
             if self.hyperparams is not None:
                 self.write_pbt_summaries(p)
+            if self.ratings is not None:
+                self.write_rating_summaries(p)
+
+    def write_rating_summaries(self, policy: int) -> None:
+        """The policy's Elo and its win/draw/loss rates against snapshots and other policies, under selfplay/; the
+        whole table of pairs as text."""
+        writer, step, name, ratings = self.writers[policy], self.env_steps[policy], f"p{policy}", self.ratings
+        if name not in ratings.elo:
+            return
+        writer.add_scalar("selfplay/elo", ratings.elo[name], step)
+        for label, snapshots in (("snapshots", True), ("policies", False)):
+            record = ratings.against(name, snapshots)
+            if record.games:
+                for outcome, rate in zip(("win", "draw", "loss"), record.rates()):
+                    writer.add_scalar(f"selfplay/{outcome}_rate_vs_{label}", rate, step)
+        if policy == 0:
+            writer.add_text("selfplay/table", "\n\n".join(ratings.table()), step)
 
     def write_pbt_summaries(self, policy: int) -> None:
         """The policy's current hyper-parameters and objective, under pbt/."""

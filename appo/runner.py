@@ -32,6 +32,8 @@ from appo.buffers import (
 from appo.cfg import inference_groups, inference_name, lockstep
 from appo.checkpoint import newest_checkpoints
 from appo.hooks import CheckpointSaved, EpisodeEnd, Evaluation, Hooks, LearnerIteration
+from appo.matchmaking import num_acting_ids
+from appo.ratings import Ratings
 from appo.supervisor import Death, Supervisor
 from envs import EnvInfo
 from utils.logs import log
@@ -58,8 +60,9 @@ class Runner:
         self.layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
         self.traj = TrajBuffers(self.layout)
         groups = inference_groups(cfg)
+        self.num_acting = num_acting_ids(cfg)  # policies and their self-play snapshots
         self.sampler = SamplerState(self.layout, cfg.num_policies, (len(groups), cfg.policy_workers_per_policy),
-                                    tuple(env.reward_shaping))
+                                    tuple(env.reward_shaping), num_snapshots=self.num_acting - cfg.num_policies)
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
         # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each
         # worker's resident memory creep up for longer: RSS counts the shared pages a process has touched, and a
@@ -76,6 +79,9 @@ class Runner:
         self.hooks = hooks or Hooks()
         self.hook_failure: str | None = None
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
+        # Who beats whom, when games have players of different acting ids (appo/ratings.py); kept across resume.
+        self.ratings = Ratings.load(exp_dir) if env.num_agents > 1 and self.num_acting > 1 else None
+        self.reports.ratings = self.ratings
         self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
         self.population: list[pbt.Member] | None = None
         if cfg.with_pbt:
@@ -104,14 +110,14 @@ class Runner:
             log.info("Removed %d shared-memory segments left by runs whose main process died: %s", len(removed),
                      ", ".join(removed))
         cfg, layout = self.cfg, self.layout
-        weights_names = [weights_segment_name(self.run_token, p) for p in range(cfg.num_policies)]
+        weights_names = [weights_segment_name(self.run_token, i) for i in range(self.num_acting)]
         # Each worker: how to start it (arguments taken at every start) and which flags in shared memory its
         # death may leave raised.
         add, sampler = self.supervisor.add, self.sampler
         for p in range(cfg.num_policies):
             add(f"learner_p{p}", "appo.learner", "run_learner", lambda p=p: (
                 cfg, layout, self.spaces, p, self.traj, sampler, self.learner_inboxes, self.actor_inboxes,
-                self.report_queue, weights_names[p], self.exp_dir,
+                self.report_queue, weights_names, self.exp_dir,
                 None if self.population is None else self.population[p].hyperparams,
                 bool(self.hooks.on_learner_iteration)),
                 cleanup=lambda p=p: sampler.pause_collection.__setitem__(p, 0), inbox=self.learner_inboxes[p])
@@ -179,6 +185,8 @@ class Runner:
                 last_status = now
             if now - last_summary >= cfg.experiment_summaries_interval:
                 reports.write_summaries(self._memory_mb())
+                if self.ratings is not None:
+                    self.ratings.save(self.exp_dir)
                 last_summary = now
 
     def _drain_reports(self, timeout: float) -> None:
@@ -190,6 +198,9 @@ class Runner:
             kind = message[0]
             if kind == "actor":
                 self.reports.on_actor(message[1], message[2])
+                if self.ratings is not None:
+                    for names, returns in message[2]["games"]:
+                        self.ratings.record_game(names, returns)
                 if self.hooks.on_episode_end:
                     for policy, reward, length, objective, extra in message[2]["episodes"]:
                         self._call_hooks("on_episode_end", EpisodeEnd(policy, reward, length, objective, extra,
@@ -369,9 +380,11 @@ class Runner:
         self.sampler.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + SHUTDOWN_SECONDS, lambda: self._drain_reports(timeout=0.0))
         self._drain_reports(timeout=0.0)
-        for p in range(self.cfg.num_policies):
-            unlink_segment(weights_segment_name(self.run_token, p))
+        for i in range(self.num_acting):
+            unlink_segment(weights_segment_name(self.run_token, i))
         self.reports.write_summaries({})
+        if self.ratings is not None:
+            self.ratings.save(self.exp_dir)
         self.reports.close()
 
     def write_benchmark(self) -> None:
@@ -394,3 +407,6 @@ class Runner:
             log.info("Stopped: %s", outcome.reason)
         for line in self.reports.summary_line(newest_checkpoints(self.exp_dir, self.cfg.num_policies)).splitlines():
             log.info(line)
+        if self.ratings is not None and self.ratings.elo:
+            for line in self.ratings.table():
+                log.info(line)

@@ -18,54 +18,77 @@ import numpy as np
 import torch
 from torch import nn
 
-from appo.buffers import SamplerState, attach_segment, create_segment
+from appo.buffers import SamplerState, attach_segment, open_segment
 
 
-def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
-    return [t for t in model.state_dict(keep_vars=True).values() if t.is_floating_point()]
+def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What is published: the float entries of the state dict (parameters and normalisation statistics)."""
+    return {name: t for name, t in model.state_dict(keep_vars=True).items() if t.is_floating_point()}
+
+
+def frozen_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of what `publish` would write: a self-play snapshot of the model."""
+    return {name: t.detach().cpu().clone() for name, t in _state_tensors(model).items()}
 
 
 class _FlatWeights:
     def __init__(self, model: nn.Module, segment: mmap.mmap):
         self.segment = segment
-        self.tensors = _state_tensors(model)
+        named = _state_tensors(model)
+        self.names, self.tensors = list(named), list(named.values())
         self.sizes = [t.numel() for t in self.tensors]
         self.flat = torch.from_numpy(np.ndarray((sum(self.sizes),), dtype=np.float32, buffer=segment))
         self.views = list(torch.split(self.flat, self.sizes))
 
     @staticmethod
     def nbytes(model: nn.Module) -> int:
-        return 4 * sum(t.numel() for t in _state_tensors(model))
+        return 4 * sum(t.numel() for t in _state_tensors(model).values())
 
 
 class WeightsPublisher(_FlatWeights):
-    """Learner side: owns the write end of one policy's weights segment."""
+    """Learner side: owns the write end of one acting id's weights segment (its policy's, or a self-play
+    snapshot's: then `publish_frozen` writes a snapshot taken of the same model)."""
 
     def __init__(self, model: nn.Module, name: str, sampler: SamplerState, policy_id: int):
-        # A version >= 0 means a predecessor of this learner made the segment and published into it.
-        predecessor = sampler.policy_version[policy_id] >= 0
-        super().__init__(model, attach_segment(name) if predecessor else create_segment(name, self.nbytes(model)))
+        # The segment exists already when a predecessor of this learner made it (and may have published into it).
+        super().__init__(model, open_segment(name, self.nbytes(model)))
         self.sampler, self.policy_id = sampler, policy_id
 
     @torch.no_grad()
     def load_published(self) -> int | None:
         """Copy the weights a predecessor published last into the model and return their version; None when
-        there are none, or when it died in the middle of writing them (odd seqlock; the counter is evened)."""
-        version, seq = int(self.sampler.policy_version[self.policy_id]), self.sampler.weights_seq
-        if seq[self.policy_id] % 2:
-            seq[self.policy_id] += 1
+        there are none, or when it died in the middle of writing them (see `read_frozen`)."""
+        frozen = self.read_frozen()
+        if frozen is None:
             return None
-        if version < 0:
-            return None
-        for view, tensor in zip(self.views, self.tensors):
-            tensor.copy_(view.view_as(tensor))
-        return version
+        for name, tensor in zip(self.names, self.tensors):
+            tensor.copy_(frozen[name])
+        return int(self.sampler.policy_version[self.policy_id])
 
     @torch.no_grad()
     def publish(self, version: int) -> None:
+        self._write(self.tensors, version)
+
+    def publish_frozen(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Publish a `frozen_weights` copy (a snapshot) instead of the model's current weights."""
+        self._write([weights[name] for name in self.names], version)
+
+    def read_frozen(self) -> dict[str, torch.Tensor] | None:
+        """A `frozen_weights` copy of what was published last; None before the first publication, or after a
+        writer died in the middle of one (the seqlock is left odd, and evened here)."""
+        seq = self.sampler.weights_seq
+        if seq[self.policy_id] % 2:
+            seq[self.policy_id] += 1
+            return None
+        if self.sampler.policy_version[self.policy_id] < 0:
+            return None
+        return {name: view.view_as(t).clone() for name, view, t in zip(self.names, self.views, self.tensors)}
+
+    @torch.no_grad()
+    def _write(self, tensors: list[torch.Tensor], version: int) -> None:
         seq = self.sampler.weights_seq
         seq[self.policy_id] += 1
-        for view, tensor in zip(self.views, self.tensors):
+        for view, tensor in zip(self.views, tensors):
             view.copy_(tensor.detach().reshape(-1))
         seq[self.policy_id] += 1
         self.sampler.policy_version[self.policy_id] = version

@@ -1,6 +1,8 @@
 """Environment creation shared by the runner (to read spaces) and actor workers (to step envs)."""
 
+from envs.duel import make_duel_env
 from envs.multi_agent import make_multi_agent_env
+from envs.partially_observed import make_masked_cartpole
 from envs.registry import EnvError, EnvInfo, env_info, make_env, register_env
 from envs.shaped_mountain_car import make_shaped_mountain_car
 from envs.synthetic import make_cpu_env, make_sleep_env
@@ -9,5 +11,7 @@ register_env("sleep_env", make_sleep_env)
 register_env("cpu_env", make_cpu_env)
 register_env("coop_multi_agent", make_multi_agent_env)
 register_env("mountain_car_shaped", make_shaped_mountain_car)
+register_env("duel", make_duel_env)
+register_env("cartpole_masked", make_masked_cartpole)
 
 __all__ = ["EnvError", "EnvInfo", "env_info", "make_env", "register_env"]

@@ -4,7 +4,12 @@ Resolution order:
 1. `atari_<game>` names (`atari_breakout`, ...): ale-py with DeepMind preprocessing (`envs/atari.py`);
    names registered with `register_env(name, make_fn)` (the built-in synthetic and multi-agent envs
    are registered on import of `envs`; user code can add its own);
-2. `package.module:function` where `function` is a callable in that module: it is called to make the env;
+2. `package.module:function` where `function` is a callable in that module: it is called to make the env.
+   A PettingZoo `ParallelEnv` it returns (duck-typed: `possible_agents` and per-agent `observation_space(agent)`)
+   is wrapped in `envs.pettingzoo_env.PettingZooEnv`, one seat per possible agent, so PettingZoo's own make
+   functions work as they are: `--env=mpe2.simple_spread_v3:parallel_env --env_kwargs='{"max_cycles": 25}'`
+   (`pip install -e ".[pettingzoo]"`), `--env=pettingzoo.butterfly.pistonball_v6:parallel_env` (PettingZoo's
+   families need their own extra as well: `pip install "pettingzoo[butterfly]"`);
 3. anything `gymnasium.make` accepts, including `package.module:EnvName-v0`, for which gymnasium imports
    `package.module` (which registers the env) first.
 
@@ -32,6 +37,8 @@ _REGISTRY: dict[str, Callable[..., gym.Env]] = {}
 EXTRAS = {"box2d": ("LunarLander", "BipedalWalker", "CarRacing"),
           "mujoco": ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher",
                      "InvertedPendulum", "InvertedDoublePendulum")}
+# Top-level modules of `package.module:function` envs that an extra of this project installs.
+MODULE_EXTRAS = {"pettingzoo": "pettingzoo", "mpe2": "pettingzoo"}
 
 
 def register_env(name: str, make_fn: Callable[..., gym.Env]) -> None:
@@ -46,12 +53,33 @@ def _module_function(env_id: str) -> Callable[..., gym.Env] | None:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
+        raise EnvError(f"--env={env_id}: module {exc.name!r} not found; {_missing_hint(module_name, exc.name)}") \
+            from exc
+    except gym.error.DependencyNotInstalled as exc:  # e.g. pettingzoo.butterfly without pymunk: names its extra
+        raise EnvError(f"--env={env_id}: a package it needs is missing ({exc})") from exc
     candidate = getattr(module, attribute, None)
     return candidate if callable(candidate) and not isinstance(candidate, type) else None
 
 
+def _missing_hint(module_name: str, missing: str | None) -> str:
+    """What to install when importing `module_name` failed for want of `missing`: the project's extra when that
+    extra installs it (pettingzoo, mpe2 and mpe2's dependencies), PettingZoo's own extra for a family's dependency
+    (pymunk for pettingzoo.butterfly), else the missing name."""
+    top, missing = module_name.split(".")[0], missing or module_name
+    missing_top = missing.split(".")[0]
+    if missing_top == top and missing != top:
+        return "fix the module path"  # the package is there, the module is not
+    # PettingZoo's families need PettingZoo's extras (pettingzoo[butterfly]); mpe2's dependencies come with ours.
+    extra = MODULE_EXTRAS.get(missing_top) or (MODULE_EXTRAS.get(top) if top != "pettingzoo" else None)
+    if extra:
+        return f'pip install -e ".[{extra}]"'
+    if top == "pettingzoo" and "." in module_name:
+        return f'install it (pip install "pettingzoo[{module_name.split(".")[1]}]")'
+    return "install it or fix the module path" if missing == top else "install it"
+
+
 def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
+    """A new env for `--env` (resolved as the module docstring says); workers call it too, so they all agree."""
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
@@ -61,7 +89,7 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
         return make_atari(env_id, **kwargs)
     make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
     if make_fn is not None:
-        return make_fn(**kwargs)
+        return _as_gym_env(env_id, make_fn(**kwargs))
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; workers step millions of times.
         return gym.make(env_id, disable_env_checker=True, **kwargs)
@@ -74,6 +102,23 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
                        f"CartPole-v1, 'package.module:EnvName-v0', or one of {sorted(_REGISTRY)}") from exc
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
+
+
+def _as_gym_env(env_id: str, env: Any) -> gym.Env:
+    """The env a make function returned, with a PettingZoo ParallelEnv wrapped into the multi-agent API."""
+    from envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
+
+    if is_parallel_env(env):
+        try:
+            return PettingZooEnv(env)
+        except EnvError as exc:
+            env.close()
+            raise EnvError(f"--env={env_id}: {exc}") from exc
+    if is_aec_env(env):
+        env.close()
+        raise EnvError(f"--env={env_id}: a PettingZoo AEC (turn-based) env; use its parallel_env function, or "
+                       f"return pettingzoo.utils.conversions.aec_to_parallel(env) from a make function")
+    return env
 
 
 @dataclass(frozen=True)

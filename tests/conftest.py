@@ -74,18 +74,24 @@ def last_mean_reward(output: str, policy: int = 0) -> float:
 
 class LearnerRig:
     """The shared buffers and queues of a two-policy CartPole run (no processes), with random trajectories in
-    every slot; `learner(p)` builds a real learner of policy p over them (again, to play its replacement)."""
+    every slot; `learner(p)` builds a real learner of policy p over them (again, to play its replacement).
+    `flags` replace or add to the rig's (self-play flags are accepted: the cfg is resolved as for two agents)."""
 
-    def __init__(self, exp_dir: str):
-        self.cfg = resolve(build_parser().parse_args(
-            ["--env=CartPole-v1", "--num_policies=2", "--num_workers=1", "--num_envs_per_worker=4", "--rollout=8",
-             "--batch_size=32", "--num_batches_per_iteration=1", "--seed=1", "--device=cpu"]))
+    def __init__(self, exp_dir: str, *flags: str):
+        defaults = {"--env": "CartPole-v1", "--num_policies": "2", "--num_workers": "1", "--num_envs_per_worker": "4",
+                    "--rollout": "8", "--batch_size": "32", "--num_batches_per_iteration": "1", "--seed": "1",
+                    "--device": "cpu"}
+        defaults.update(flag.split("=", 1) for flag in flags)
+        self.cfg = resolve(build_parser().parse_args([f"{k}={v}" for k, v in defaults.items()]), num_agents=2)
         env = make_env(self.cfg.env)
         self.spaces = (env.observation_space, env.action_space)
         self.layout = Layout.from_cfg(self.cfg, *self.spaces)
-        self.traj, self.sampler = TrajBuffers(self.layout), SamplerState(self.layout, 2)
-        self.inboxes, self.actor_inbox = [Queue(), Queue()], Queue()
-        self.names = [f"/appo_test_{os.getpid()}_p{p}" for p in range(2)]
+        policies = self.cfg.num_policies
+        snapshots = policies * self.cfg.self_play_opponents
+        self.traj = TrajBuffers(self.layout)
+        self.sampler = SamplerState(self.layout, policies, num_snapshots=snapshots)
+        self.inboxes, self.actor_inbox = [Queue() for _ in range(policies)], Queue()
+        self.names = [f"/appo_test_{os.getpid()}_p{p}" for p in range(policies + snapshots)]
         self.exp_dir = exp_dir
         rng = np.random.default_rng(0)
         self.traj.obs["obs"][:] = rng.normal(size=self.traj.obs["obs"].shape)
@@ -96,7 +102,7 @@ class LearnerRig:
         from appo.learner import Learner
 
         return Learner(self.cfg, self.layout, self.spaces, policy, self.traj, self.sampler, self.inboxes,
-                       [self.actor_inbox], Queue(), self.names[policy], self.exp_dir)
+                       [self.actor_inbox], Queue(), self.names, self.exp_dir)
 
 
 @pytest.fixture

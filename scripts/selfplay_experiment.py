@@ -1,0 +1,94 @@
+"""Self-play on the built-in duel (envs/duel.py): with an opponent pool against the latest self only, N runs each,
+every trained policy scored in games against the duel's scripted opponent, and the untrained policy too.
+
+    python scripts/selfplay_experiment.py --runs 3 --seconds 180 [-- extra trainer flags for both modes]
+
+Each run trains `python -m appo.train --env=duel --seed=<run>` for --seconds, with the pool flags (`pool`) or
+without them (`latest`: one policy playing both seats), then plays --games games against the scripted opponent
+(`envs.duel.evaluate`: the policy takes the left seat in even games, the right in odd ones; its most likely
+action). The untrained policy is a freshly initialised model of the same architecture (seed = run). Prints a
+table and the medians, and writes them as JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from appo.cfg import build_parser, resolve  # noqa: E402
+from appo.model import ActorCritic  # noqa: E402
+from appo.trained_policy import TrainedPolicy, load_policy  # noqa: E402
+from envs import env_info  # noqa: E402
+from envs.duel import evaluate  # noqa: E402
+
+POOL_FLAGS = ["--self_play_opponents=8", "--self_play_snapshot_every=50", "--self_play_latest_fraction=0.5"]
+
+
+def untrained_win_rate(seed: int, games: int) -> float:
+    cfg = resolve(build_parser().parse_args(["--env=duel"]), 2)
+    info = env_info("duel")
+    torch.manual_seed(seed)
+    model = ActorCritic(info.obs_space, info.action_space, cfg)
+    policy = TrainedPolicy(model, cfg, info.obs_space, info.action_space, 2, torch.device("cpu"))
+    return evaluate(lambda obs: policy.act(obs, deterministic=True), games=games, seed=10_000 + seed)["win_rate"]
+
+
+def train_and_score(name: str, flags: list[str], seed: int, seconds: float, games: int, train_dir: str) -> dict:
+    command = [sys.executable, "-m", "appo.train", "--env=duel", f"--experiment={name}", f"--train_dir={train_dir}",
+               f"--seed={seed}", f"--train_for_seconds={seconds}", "--restart=True", *flags]
+    print(" ".join(command[1:]), flush=True)
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=seconds + 300)
+    if result.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    policy = load_policy(os.path.join(train_dir, name))
+    scores = evaluate(lambda obs: policy.act(obs, deterministic=True), games=games, seed=10_000 + seed)
+    ratings = [line for line in result.stdout.splitlines() + result.stderr.splitlines() if "ratings:" in line]
+    return {"win_rate": scores["win_rate"], "draws": scores["draws"], "env_steps": policy.env_steps,
+            "version": policy.version, "seconds": round(time.monotonic() - started, 1),
+            "last_ratings": ratings[-1].split("ratings: ", 1)[-1] if ratings else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=180.0, help="Training time of each run.")
+    parser.add_argument("--games", type=int, default=200, help="Games against the scripted opponent per policy.")
+    parser.add_argument("--modes", default="pool,latest", help="Which of pool, latest to run, in this order.")
+    parser.add_argument("--train_dir", default="train_dir/selfplay")
+    parser.add_argument("--out", default=None, help="Write the results as JSON here.")
+    args, extra = parser.parse_known_args()
+    extra = [flag for flag in extra if flag != "--"]
+    modes = {"pool": POOL_FLAGS, "latest": []}
+    results: dict[str, list[dict]] = {mode: [] for mode in args.modes.split(",")}
+    results["untrained"] = []
+    for run in range(args.runs):
+        results["untrained"].append({"win_rate": untrained_win_rate(run, args.games)})
+        for mode in results:
+            if mode == "untrained":
+                continue
+            results[mode].append(train_and_score(f"duel_{mode}_{run}", modes[mode] + extra, run, args.seconds,
+                                                 args.games, args.train_dir))
+            print(f"run {run} {mode}: {results[mode][-1]}", flush=True)
+    print(f"\nwin rate against the scripted opponent, {args.games} games per policy, {args.seconds:g} s of training:")
+    for mode, runs in results.items():
+        rates = [r["win_rate"] for r in runs]
+        each = " / ".join(f"{rate:.1%}" for rate in rates)
+        print(f"  {mode:9s} {each}   median {statistics.median(rates):.1%}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"seconds": args.seconds, "games": args.games, "pool_flags": POOL_FLAGS, "extra_flags": extra,
+                       "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The public benchmark suite: the trainer's defaults (no flag but --env) on a set of tasks, N seeds each.
+
+    python scripts/suite.py --seeds 3                        # every task, writes docs/suite.md and docs/suite.png
+    python scripts/suite.py --tasks cartpole,pendulum --seeds 1 --out /tmp/suite
+
+Every run is `python -m appo.train --env=ENV --seed=S --train_for_seconds=BUDGET` (plus `--target_reward` for a
+task with a threshold, so a run stops once solved; plus the task's own flags, which only the memory pair has:
+--use_rnn=True against the feed-forward default on the same partially observed task). For each task the table
+gives, over the seeds, the median time from launch to the threshold, the median env steps to the threshold
+(counted by the learner, per agent for multi-agent envs), how many seeds reached it, and the median final mean
+return (the last status line's mean over --stats_avg episodes). The PNG has one panel of learning curves per task
+(mean of the seeds, the range shaded), from the runs' tensorboard summaries. `--budget_scale` shortens every
+budget (a quick look, not the suite's numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pbt_experiment import final_stats  # noqa: E402
+from time_to_solve import run_trainer  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Task:
+    env: str
+    threshold: float | None  # mean return to reach; None: the return at the end of the budget is the result
+    budget_s: float
+    flags: list[str] = field(default_factory=list)
+
+
+TASKS = {
+    "cartpole": Task("CartPole-v1", 475, 60),
+    "lunarlander": Task("LunarLander-v3", 200, 300),
+    "pendulum": Task("Pendulum-v1", -200, 120),
+    "mountaincar_continuous": Task("MountainCarContinuous-v0", 90, 300),
+    "halfcheetah": Task("HalfCheetah-v5", None, 300),
+    "bipedalwalker": Task("BipedalWalker-v3", None, 600),
+    "breakout": Task("atari_breakout", None, 600),
+    "coop_multi_agent": Task("coop_multi_agent", None, 60),
+    "cartpole_masked_rnn": Task("cartpole_masked", 475, 300, ["--use_rnn=True"]),
+    "cartpole_masked_ff": Task("cartpole_masked", 475, 300),
+}
+
+
+@dataclass
+class Result:
+    solved_s: float | None
+    env_steps: int | None
+    final: float | None
+
+
+def run_task(name: str, task: Task, seed: int, train_dir: str, budget_scale: float) -> Result:
+    flags = [f"--env={task.env}", f"--seed={seed}", f"--experiment={name}_{seed}", f"--train_dir={train_dir}",
+             f"--train_for_seconds={task.budget_s * budget_scale:g}", "--restart=True", *task.flags]
+    if task.threshold is not None:
+        flags.append(f"--target_reward={task.threshold:g}")
+    print("python -m appo.train " + " ".join(flags), flush=True)
+    run = run_trainer(flags)
+    if run.returncode != 0:
+        raise SystemExit(f"{name} seed {seed}: the trainer failed (exit {run.returncode})")
+    stats = final_stats(run.output)
+    return Result(run.solved_s, run.env_steps, stats.get(0, {}).get("reward"))
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def table(results: dict[str, list[Result]], seeds: int, budget_scale: float) -> str:
+    rows = ["| task | env | threshold | budget | solved | time to threshold | env steps to threshold | final return |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, runs in results.items():
+        task = TASKS[name]
+        solved = [r for r in runs if r.solved_s is not None]
+        seconds, steps = median_or_none([r.solved_s for r in solved]), median_or_none([r.env_steps for r in solved])
+        final = median_or_none([r.final for r in runs])
+        env = task.env + ("".join(f" `{flag}`" for flag in task.flags))
+        rows.append(
+            f"| {name} | {env} | {'-' if task.threshold is None else f'{task.threshold:g}'} | "
+            f"{task.budget_s * budget_scale:g} s | {len(solved)} of {seeds} | "
+            f"{'-' if seconds is None else f'{seconds:.1f} s'} | {'-' if steps is None else f'{steps:,.0f}'} | "
+            f"{'-' if final is None else f'{final:.1f}'} |")
+    return "\n".join(rows)
+
+
+def curves(results: dict[str, list[Result]], seeds: int, train_dir: str, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from appo.plot import draw
+
+    columns = min(3, len(results))
+    rows = math.ceil(len(results) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, results):
+        draw(ax, [os.path.join(train_dir, f"{name}_{seed}") for seed in range(seeds)])
+        threshold = TASKS[name].threshold
+        if threshold is not None:
+            ax.axhline(threshold, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(name)
+        ax.set_ylabel("mean return")
+    for ax in list(axes.flat)[len(results):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"Comma-separated, of: {', '.join(TASKS)}.")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget_scale", type=float, default=1.0, help="Multiplies every task's time budget.")
+    parser.add_argument("--train_dir", default="train_dir/suite")
+    parser.add_argument("--out", default="docs", help="Folder for suite.md and suite.png.")
+    args = parser.parse_args()
+    names = args.tasks.split(",")
+    unknown = [name for name in names if name not in TASKS]
+    if unknown:
+        parser.error(f"--tasks: unknown {', '.join(unknown)}; use {', '.join(TASKS)}")
+    started = time.monotonic()
+    results: dict[str, list[Result]] = {}
+    for name in names:
+        results[name] = [run_task(name, TASKS[name], seed, args.train_dir, args.budget_scale)
+                         for seed in range(args.seeds)]
+        print(f"{name}: {results[name]}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    markdown = table(results, args.seeds, args.budget_scale)
+    with open(os.path.join(args.out, "suite.md"), "w") as f:
+        f.write(f"# Benchmark suite (defaults, {args.seeds} seeds, medians)\n\n"
+                f"`python scripts/suite.py --seeds {args.seeds}` on a {os.cpu_count()}-core machine, "
+                f"{time.strftime('%Y-%m-%d')}, {(time.monotonic() - started) / 60:.0f} min in all.\n\n{markdown}\n\n"
+                "![learning curves](suite.png)\n")
+    curves(results, args.seeds, args.train_dir, os.path.join(args.out, "suite.png"))
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
