@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 ELO_START = 1000.0
 ELO_K = 16.0
-ELO_PER_LINE = 6  # names per line of the final table, so that it fits the log's 120 columns
+ELO_PER_LINE = 5  # names per line of the final table, so that it fits the log's 120 columns
 
 
 def expected_score(rating: float, opponent: float) -> float:
@@ -101,25 +101,26 @@ class Ratings:
         return total
 
     # ---------------------------------------------------------------- output
-    def status_pieces(self, policies: int) -> list[str]:
-        """One short piece per learning policy: its Elo, the pool's range, and its record against the pool and
-        against the other policies."""
-        pieces = []
+    def status_pieces(self, policies: int) -> list[list[str]]:
+        """Per learning policy that played, the pieces of its status: its Elo and the pool's range, then its record
+        against the pool and against the other policies (a line may wrap between pieces)."""
+        per_policy = []
         for p in range(policies):
             name = f"p{p}"
             if name not in self.elo:
                 continue
-            text = f"{name} Elo {self.elo[name]:.0f}"
+            head = f"{name} Elo {self.elo[name]:.0f}"
             pool = [rating for other, rating in self.elo.items() if other.startswith(f"{name}@")]
             if pool:
-                text += f" (snapshots {min(pool):.0f}-{max(pool):.0f})"
+                head += f" (snapshots {min(pool):.0f}-{max(pool):.0f})"
+            pieces = [head]
             for label, snapshots in (("vs snapshots", True), ("vs policies", False)):
                 record = self.against(name, snapshots)
                 if record.games:
                     wins, draws, losses = record.rates()
-                    text += f", {label} W/D/L {wins:.0%}/{draws:.0%}/{losses:.0%} of {record.games}"
-            pieces.append(text)
-        return pieces or ["no game between different players yet"]
+                    pieces.append(f", {label} W/D/L {wins:.0%}/{draws:.0%}/{losses:.0%} of {record.games}")
+            per_policy.append(pieces)
+        return per_policy or [["no game between different players yet"]]
 
     def table(self, limit: int = 12) -> list[str]:
         """The final table: Elo of the learning policies and the newest snapshots, and every pair among them."""

@@ -328,8 +328,8 @@ class Reports:
         if self.hyperparams is not None:
             lines += _fit([self._population_text()], indent="  ")
         if self.ratings is not None:
-            pieces = self.ratings.status_pieces(self.num_policies)
-            lines += _fit([f"ratings: {pieces[0]}"] + [f"; {piece}" for piece in pieces[1:]], indent="  ")
+            for parts in self.ratings.status_pieces(self.num_policies):  # a line (or two) per policy
+                lines += _fit([f"ratings: {parts[0]}", *parts[1:]], indent="  ")
         return "\n".join(lines)
 
     def summary_line(self, checkpoints: list[str | None]) -> str:

@@ -173,3 +173,22 @@ def test_the_scripts_read_the_status(tmp_path):
     watched.process = SimpleNamespace(stdout=iter(output.splitlines(keepends=True) * 2))
     watched._read()
     assert [(s.env_steps, s.reward) for s in watched.samples] == [(300_000, 10.0)] * 2
+
+
+def test_ratings_line_and_final_table_fit(tmp_path):
+    from appo.ratings import Ratings
+
+    reports = make_reports(tmp_path, policies=4)
+    fill(reports, [1.0] * 4)
+    ratings = Ratings()
+    for p in range(4):
+        for version in range(100_000, 100_000 + 20_000, 1_000):
+            ratings.record_game([f"p{p}", f"p{p}@v{version}"], [1.0, -1.0])
+            ratings.record_game([f"p{p}", f"p{(p + 1) % 4}"], [0.0, 0.0])
+    reports.ratings = ratings
+    status = reports.status_line()
+    assert_fits(status)
+    for p in range(4):
+        assert re.search(rf"^  ratings: p{p} Elo \d+ \(snapshots \d+-\d+\), vs snapshots W/D/L 100%/0%/0% of 20\n"
+                         r"      vs policies W/D/L 0%/100%/0% of 40$", status, re.M), status
+    assert_fits("\n".join(ratings.table()))
