@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -24,6 +23,9 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from time_to_solve import run_trainer  # noqa: E402
+
 from appo.cfg import build_parser, resolve  # noqa: E402
 from appo.model import ActorCritic  # noqa: E402
 from appo.trained_policy import TrainedPolicy, load_policy  # noqa: E402
@@ -43,16 +45,16 @@ def untrained_win_rate(seed: int, games: int) -> float:
 
 
 def train_and_score(name: str, flags: list[str], seed: int, seconds: float, games: int, train_dir: str) -> dict:
-    command = [sys.executable, "-m", "appo.train", "--env=duel", f"--experiment={name}", f"--train_dir={train_dir}",
-               f"--seed={seed}", f"--train_for_seconds={seconds}", "--restart=True", *flags]
-    print(" ".join(command[1:]), flush=True)
+    args = ["--env=duel", f"--experiment={name}", f"--train_dir={train_dir}", f"--seed={seed}",
+            f"--train_for_seconds={seconds}", "--restart=True", *flags]
+    print("python -m appo.train " + " ".join(args), flush=True)
     started = time.monotonic()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=seconds + 300)
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    run = run_trainer(args)
+    if run.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {run.returncode}):\n{run.output[-3000:]}")
     policy = load_policy(os.path.join(train_dir, name))
     scores = evaluate(lambda obs: policy.act(obs, deterministic=True), games=games, seed=10_000 + seed)
-    ratings = [line for line in result.stdout.splitlines() + result.stderr.splitlines() if "ratings:" in line]
+    ratings = [line for line in run.output.splitlines() if "ratings:" in line]
     return {"win_rate": scores["win_rate"], "draws": scores["draws"], "env_steps": policy.env_steps,
             "version": policy.version, "seconds": round(time.monotonic() - started, 1),
             "last_ratings": ratings[-1].split("ratings: ", 1)[-1] if ratings else None}
