@@ -53,10 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # a prefix such as --num_worker is an error, not a guess
         description="Asynchronous PPO: actor workers, batched inference workers and one learner per policy. "
                     "Sample Factory's flag names are accepted too (listed next to ours; --rnn_size is --hidden_size, "
-                    "which also sets the MLP width).",
+                    "which also sets the MLP width). A new experiment adapts some defaults to its env (flags marked "
+                    "'Auto, when not given'); each choice is logged at start-up as 'auto: ...'.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = p.add_argument
+    from appo.auto import flag_help as auto
 
     g = p.add_argument_group("experiment")
     add = g.add_argument
@@ -82,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("sampling")
     add = g.add_argument
     add("--num_workers", type=int, default=2, help="Number of actor (rollout) worker processes.")
-    add("--num_envs_per_worker", type=int, default=16, help="Environments stepped by each actor worker.")
+    add("--num_envs_per_worker", type=int, default=16,
+        help="Environments stepped by each actor worker." + auto("num_envs_per_worker"))
     add("--worker_num_splits", type=int, default=2,
         help="Groups of envs per worker: one group steps while the other waits for actions (double buffering).")
     add("--num_policies", type=int, default=1,
@@ -130,9 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--actor_niceness", type=int, default=0,
         help="Extra niceness of actor workers. With more workers than cores, a few points let inference and "
              "learner run first (Breakout sampler-only, 2 workers x 32 envs on 2 cores: 61.8%% -> 65.2%% of the "
-             "raw limit with 5).")
+             "raw limit with 5)." + auto("actor_niceness"))
     add("--learner_torch_threads", type=int, default=1,
         help="CPU threads for the learner's torch ops; more helps CPU-only training of CNNs when cores are free.")
+    add("--learner_bf16", type=str2bool, default=False,
+        help="On a CPU, the learner runs image encoders under bfloat16 autocast (heads, losses and weights stay "
+             "float32), for faster SGD (docs/PERFORMANCE.md). No effect on CUDA or on vector observations."
+             + auto("learner_bf16"))
     add("--max_policy_lag", type=int, default=100,
         help="Trajectories collected by a policy more than this many versions old are dropped and counted.")
 
@@ -144,11 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
              "a name registered with appo.model.register_encoder, or package.module:factory.")
     add("--actor_critic_share_weights", type=str2bool, default=True,
         help="One encoder (and core) for policy and value heads; False gives the critic its own.")
-    add("--normalize_input", type=str2bool, default=False,
-        help="Normalise float observations by running mean/std (kept by the learner, used by inference).")
-    add("--normalize_returns", type=str2bool, default=False,
-        help="Learn values in units of the running mean/std of the value targets, whatever the reward scale; "
-             "an alternative to tuning --reward_scale.")
+    add("--normalize_input", type=str2bool, default=True,
+        help="Normalise float observations by running mean/std (kept by the learner, used by inference); uint8 "
+             "images are scaled to [0, 1] either way.")
+    add("--normalize_returns", type=str2bool, default=True,
+        help="Learn values in units of the running mean/std of the value targets (with PopArt's output "
+             "preservation), so no --reward_scale has to be tuned to the task's reward sizes.")
     add("--hidden_size", "--rnn_size", type=int, default=64,
         help="Width of the MLP encoder layers and of the RNN core.")
     add("--mlp_layers", type=int, default=2, help="Number of hidden layers in the MLP encoder.")
@@ -159,10 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("learning")
     add = g.add_argument
-    add("--batch_size", type=int, default=1024, help="Samples (env steps) per SGD minibatch.")
-    add("--num_batches_per_iteration", "--num_batches_per_epoch", type=int, default=2,
-        help="Minibatches per training iteration; an iteration uses batch_size * this many fresh samples.")
-    add("--ppo_epochs", "--num_epochs", type=int, default=2, help="Passes over each iteration's samples.")
+    add("--batch_size", type=int, default=256, help="Samples (env steps) per SGD minibatch.")
+    add("--num_batches_per_iteration", "--num_batches_per_epoch", type=int, default=8,
+        help="Minibatches per training iteration; an iteration uses batch_size * this many fresh samples. "
+             + auto("num_batches_per_iteration"))
+    add("--ppo_epochs", "--num_epochs", type=int, default=4,
+        help="Passes over each iteration's samples." + auto("ppo_epochs"))
     add("--num_minibatches_to_accumulate", type=int, default=2,
         help="When more minibatches than this wait at a learner, actors pause collecting for that policy.")
     add("--ppo_clip_ratio", type=float, default=0.1,
@@ -173,24 +183,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="Use V-trace targets and advantages (off-policy corrected) instead of GAE.")
     add("--vtrace_rho", type=float, default=1.0, help="V-trace rho-bar: clip of importance weights in targets.")
     add("--vtrace_c", type=float, default=1.0, help="V-trace c-bar: clip of the trace-cutting coefficients.")
-    add("--gae_lambda", type=float, default=0.95, help="GAE lambda (used when --with_vtrace=False).")
-    add("--gamma", type=float, default=0.99, help="Discount factor.")
+    add("--gae_lambda", type=float, default=0.98,
+        help="GAE lambda (used when --with_vtrace=False)." + auto("gae_lambda"))
+    add("--gamma", type=float, default=0.999, help="Discount factor." + auto("gamma"))
     add("--normalize_advantage", type=str2bool, default=True,
         help="Normalise advantages to zero mean and unit std within each minibatch.")
     add("--value_bootstrap", type=str2bool, default=True,
         help="On time-limit truncation add gamma * V(s) to the last reward instead of treating it as death.")
-    add("--reward_scale", type=float, default=0.1,
-        help="Rewards are multiplied by this before learning; keeps value targets near 1-10 so the value loss "
-             "does not dominate the clipped gradient.")
+    add("--reward_scale", type=float, default=1.0,
+        help="Rewards are multiplied by this before learning (and before --reward_clip); with "
+             "--normalize_returns=False it keeps value targets near 1-10, so the value loss does not dominate.")
     add("--reward_clip", type=float, default=1000.0, help="Scaled rewards are clipped to [-x, x].")
-    add("--learning_rate", type=float, default=1e-3, help="Adam learning rate.")
+    add("--learning_rate", type=float, default=1e-3, help="Adam learning rate." + auto("learning_rate"))
     add("--adam_eps", type=float, default=1e-6, help="Adam epsilon.")
     add("--adam_beta1", type=float, default=0.9, help="Adam beta1.")
     add("--adam_beta2", type=float, default=0.999, help="Adam beta2.")
     add("--max_grad_norm", type=float, default=4.0, help="Gradient norm clipping; 0 disables it.")
     add("--exploration_loss", type=str, default="entropy", choices=["entropy", "symmetric_kl"],
         help="Exploration bonus: policy entropy, or symmetric KL to a uniform/standard-normal prior.")
-    add("--exploration_loss_coeff", type=float, default=0.003, help="Weight of the exploration loss.")
+    add("--exploration_loss_coeff", type=float, default=0.003,
+        help="Weight of the exploration loss." + auto("exploration_loss_coeff"))
     add("--value_loss_coeff", type=float, default=0.5, help="Weight of the value loss.")
 
     g = p.add_argument_group("population-based training (PBT)")

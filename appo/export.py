@@ -77,14 +77,16 @@ def torch_outputs(module: nn.Module, inputs: list[np.ndarray]) -> list[np.ndarra
 
 
 def onnx_difference(path: str, module: nn.Module, policy: TrainedPolicy, samples: int = 100, seed: int = 0) -> float:
-    """The largest absolute difference between onnxruntime's and PyTorch's outputs on `samples` random rows."""
+    """The largest difference between onnxruntime's and PyTorch's outputs on `samples` random rows: absolute for
+    outputs within +-1, relative to the output beyond (values in reward units can be in the hundreds)."""
     import onnxruntime
 
     inputs = example_inputs(policy, samples, np.random.default_rng(seed))
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     ours = session.run(None, dict(zip(names, inputs)))
-    return max(float(np.abs(a - b).max()) for a, b in zip(ours, torch_outputs(module, inputs)))
+    return max(float((np.abs(a - b) / np.maximum(1.0, np.abs(b))).max())
+               for a, b in zip(ours, torch_outputs(module, inputs)))
 
 
 def export_policy(policy: TrainedPolicy, fmt: str, out: str) -> str:

@@ -178,6 +178,7 @@ class Learner:
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + policy_id)
         self.policy = Policy(policy_id, cfg, spaces, self.device, hyperparams)
+        self.policy.model.set_bf16_images(cfg.learner_bf16)
         checkpoint = self._load()
         self.weights = WeightsPublisher(self.policy.model, weights_names[policy_id], sampler, policy_id)
         # The self-play pool's segments: snapshot k of this policy is acting id snapshot_ids(cfg, policy_id)[k].

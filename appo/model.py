@@ -297,14 +297,18 @@ class ObsEncoder(nn.Module):
         self.encoders = nn.ModuleDict({key: encoder_factory(cfg.encoder, s)(s, cfg) for key, s in spaces.items()})
         self.images = {key for key, s in spaces.items() if np.dtype(s.dtype) == np.uint8}
         self.out_size = sum(e.out_size for e in self.encoders.values())
+        self.bf16_images = False  # set by the learner (--learner_bf16)
 
     def forward(self, obs: ObsDict, norms: nn.ModuleDict | None) -> Tensor:
         features = []
         for key, encoder in self.encoders.items():
             x = obs[key].float()
             if key in self.images:
-                x = x / 255.0
-            elif norms is not None:
+                # On a CPU, only the image encoder runs in bfloat16; its features, the heads and the losses are float32.
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16_images):
+                    features.append(encoder(x / 255.0).float())
+                continue
+            if norms is not None:
                 x = norms[key](x)
             features.append(encoder(x))
         return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
@@ -336,6 +340,11 @@ class ActorCritic(nn.Module):
         # Recurrent state of one trunk (LSTM: h and c); the whole state (`state_size`) holds every trunk's.
         self.trunk_state_size = cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1) if cfg.use_rnn else 0
         self.state_size = self.trunk_state_size * len(self.trunks)
+
+    def set_bf16_images(self, enabled: bool) -> None:
+        """Run the image encoders under bfloat16 autocast on a CPU (the learner's --learner_bf16)."""
+        for trunk in self.trunks:
+            trunk["encoder"].bf16_images = enabled
 
     def _trunk(self, obs_space: gym.Space, cfg) -> nn.ModuleDict:
         encoder = ObsEncoder(obs_space, cfg)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from appo import auto
 from appo.buffers import Layout
 from appo.cfg import (
     ConfigError,
@@ -41,7 +42,6 @@ from appo.checkpoint import (
 from appo.hooks import Hooks
 from appo.hooks import registered as registered_hooks
 from appo.pbt import load_population
-from appo.spaces import auto_encoder, obs_spaces
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
@@ -73,7 +73,9 @@ def prepare(cfg: argparse.Namespace, given: set[str]
                         if flag in given and saved.get(flag) != getattr(cfg, flag)}
             if not extended:
                 return None
-    info = env_info(cfg.env, env_kwargs(cfg))
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming)
+    # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
+    auto_lines = [] if resuming else auto.apply(cfg, given, info)
     cfg = resolve(cfg, info.num_agents)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
@@ -82,6 +84,8 @@ def prepare(cfg: argparse.Namespace, given: set[str]
 
     check_train_dir(cfg.train_dir)
     check_device(cfg.device)
+    for line in auto_lines:
+        log.info(line)
     # Everything is valid: only now does the experiment dir change.
     if cfg.restart and os.path.exists(exp_dir):
         aside = free_path(f"{os.path.normpath(exp_dir)}_before_restart_{time.strftime('%Y%m%d-%H%M%S')}")
@@ -235,10 +239,6 @@ def run(argv: list[str], hooks: Hooks | None = None) -> TrainResult:
                 handler.handle(record)
     for note in notes:
         log.info("Resume override: %s", note)
-    if cfg.encoder == "auto":
-        for key, space in obs_spaces(info.obs_space).items():
-            name, why = auto_encoder(space)
-            log.info("auto: encoder %s for observation %r (%s)", name, key, why)
 
     from appo.runner import Runner
 

@@ -20,11 +20,15 @@ envs through this same function, so every process resolves the name the same way
 from __future__ import annotations
 
 import importlib
+import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 
 class EnvError(Exception):
@@ -131,15 +135,59 @@ class EnvInfo:
     frames_per_step: int = 1  # emulator frames per env step (frame skip), for reporting frames/s
     reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
     reward_shaping_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # (low, high), if declared
+    step_seconds: float | None = None  # one env step with random actions, when measured
 
 
-def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvInfo:
+def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False) -> EnvInfo:
+    """What the runner needs to know about the env; with `measure_step`, also what one step costs (see
+    measure_step_seconds)."""
     env = make_env(env_id, env_kwargs)
     try:
-        return EnvInfo(env.observation_space, env.action_space, int(getattr(env, "num_agents", 1)),
-                       int(getattr(env, "frames_per_step", 1)), *reward_shaping(env))
+        num_agents = int(getattr(env, "num_agents", 1))
+        step_seconds = _guarded_step_seconds(env, num_agents) if measure_step else None
+        return EnvInfo(env.observation_space, env.action_space, num_agents, int(getattr(env, "frames_per_step", 1)),
+                       *reward_shaping(env), step_seconds=step_seconds)
     finally:
         env.close()
+
+
+def _guarded_step_seconds(env: gym.Env, num_agents: int, limit_s: float = 5.0) -> float | None:
+    """measure_step_seconds, or None when the env raises or (in the main thread) takes over `limit_s`: the
+    workers then meet the problem and report it with their usual handling."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+
+    def give_up(*_):
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, give_up) if in_main_thread else None
+    try:
+        if in_main_thread:
+            signal.setitimer(signal.ITIMER_REAL, limit_s)
+        return measure_step_seconds(env, num_agents)
+    except Exception:
+        return None
+    finally:
+        if in_main_thread:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def measure_step_seconds(env: gym.Env, num_agents: int, budget_s: float = 0.2, max_steps: int = 100) -> float:
+    """Mean wall time of env.step with random actions, over at most `budget_s` or `max_steps` (and at least one
+    step); resets are not counted. Read at start-up to size the sampler (appo/auto.py)."""
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    stepping, steps, start = 0.0, 0, time.perf_counter()
+    while steps == 0 or (steps < max_steps and time.perf_counter() - start < budget_s):
+        action = (env.action_space.sample() if num_agents == 1
+                  else [env.action_space.sample() for _ in range(num_agents)])
+        before = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(action)
+        stepping += time.perf_counter() - before
+        steps += 1
+        if np.all(terminated) or np.all(truncated):
+            env.reset()
+    return stepping / steps
 
 
 def reward_shaping(env: gym.Env) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:

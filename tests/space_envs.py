@@ -13,8 +13,6 @@ OBS = {
     "dict": gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
                              "state": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)}),
 }
-# Not in OBS (every combination of which is trained): images smaller than the Nature CNN takes, channels last.
-SMALL_IMAGE = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
 ACTIONS = {
     "discrete": gym.spaces.Discrete(3),
     "multi_discrete": gym.spaces.MultiDiscrete([2, 3]),
@@ -24,8 +22,11 @@ ACTIONS = {
 
 
 class SpacesEnv(gym.Env):
-    def __init__(self, obs: str = "vector", action: str = "discrete"):
-        self.observation_space = SMALL_IMAGE if obs == "small_image" else OBS[obs]
+    def __init__(self, obs: str = "vector", action: str = "discrete", image_size: int = 10):
+        # "small_image" (not in OBS, every combination of which is trained): images smaller than the Nature CNN
+        # takes, channels last.
+        self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
+                                  else OBS[obs])
         self.action_space = ACTIONS[action]
         self.t = 0
 

@@ -218,7 +218,7 @@ def test_return_normalisation_preserves_values_when_its_stats_move():
 
 
 def test_without_return_normalisation_values_are_the_head_output():
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg())
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg(normalize_returns=False))
     targets = torch.randn(10) * 30 + 100
     model.update_return_stats(targets)
     assert model.returns_norm is None and torch.equal(model.normalize_values(targets), targets)
@@ -238,3 +238,21 @@ def test_nature_cnn_keeps_the_signal_of_a_few_pixels():
         features = encoder(frames)
     assert features.pow(2).mean().sqrt() > 0.5 * frames.pow(2).mean().sqrt()
     assert features.std(0).mean() > 2 * frames.std(0).mean()
+
+
+def test_bf16_image_encoder_keeps_heads_float32_and_outputs_close():
+    """--learner_bf16: only the CNN runs in bfloat16 (on a CPU); what comes out is float32 and near the float32
+    model's, and gradients reach every weight."""
+    torch.manual_seed(0)
+    model = ActorCritic(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(4), make_cfg())
+    obs = {"obs": torch.randint(0, 256, (8, 1, 4, 84, 84), dtype=torch.uint8)}
+    states, dones = torch.zeros(8, 0), torch.zeros(8, 1)
+    params32, values32 = model.forward_sequence(obs, states, dones)
+    model.set_bf16_images(True)
+    params16, values16 = model.forward_sequence(obs, states, dones)
+    assert params16.dtype == values16.dtype == torch.float32
+    assert not torch.equal(params16, params32)  # bfloat16 did run
+    assert torch.allclose(params16, params32, atol=0.02) and torch.allclose(values16, values32, atol=0.05)
+    (params16.sum() + values16.sum()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad
+               and p is not model.log_std)

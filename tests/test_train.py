@@ -227,7 +227,7 @@ def test_seeded_single_worker_run_is_repeatable(trainer):
     import torch
 
     args = ["--env=CartPole-v1", "--seed=3", "--num_workers=1", "--worker_num_splits=1", "--num_envs_per_worker=8",
-            "--batch_size=512", "--train_for_env_steps=12000"]
+            "--batch_size=512", "--num_batches_per_iteration=1", "--train_for_env_steps=12000"]
     states = []
     for name in ("seed_a", "seed_b"):
         result = trainer.run(f"--experiment={name}", *args)

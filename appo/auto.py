@@ -1,0 +1,124 @@
+"""Defaults chosen from the task, for the flags a new experiment was not given.
+
+The defaults in --help suit vector observations and cheap envs (CartPole, LunarLander, Pendulum, MuJoCo). At the
+start of a new experiment the rules below look at what the env is, its observation space and the measured cost of
+one step, and replace a default where the task needs another value. A flag typed on the command line (or passed
+to `appo.train.train`) always wins. Each choice is logged once as "auto: ..." and saved in cfg.json, so a resumed
+run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Defaults that adapt").
+
+- Encoder (`--encoder=auto`): mlp for vectors; nature_cnn for images, small_cnn when a side is under 36 pixels.
+- Images: a CNN's SGD on a CPU is the bottleneck, so every sample is trained on once, in minibatches of
+  --batch_size, at a lower learning rate and with Atari's usual discount and exploration (IMAGE_LEARNING).
+- Images on a CPU with native bfloat16 (AVX512-BF16, AMX): `--learner_bf16=True`, the CNN's SGD under bfloat16
+  autocast.
+- Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
+  observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
+  observations: a split gets INFERENCE_BATCH / (actors per inference worker) envs, within ENVS_PER_SPLIT. Actors
+  also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
+  Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
+  only add policy lag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from appo.spaces import auto_encoder, obs_spaces
+from envs import EnvInfo
+
+COSTLY_STEP_S = 1e-4
+INFERENCE_BATCH = 32
+ENVS_PER_SPLIT = (4, 16)  # the bounds of that sizing
+COSTLY_ACTOR_NICENESS = 5
+
+IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
+                  "gae_lambda": 0.95, "exploration_loss_coeff": 0.01}
+
+
+def flag_help(name: str) -> str:
+    """The sentence --help adds to a flag these rules may set (empty for the others)."""
+    rules = []
+    if name in IMAGE_LEARNING:
+        rules.append(f"{IMAGE_LEARNING[name]:g} for image observations")
+    if name == "num_envs_per_worker":
+        rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
+                     f"(actors per inference worker) per split, within {list(ENVS_PER_SPLIT)}")
+    if name == "learner_bf16":
+        rules.append("True for image observations on a CPU with native bfloat16 (avx512_bf16 or amx_bf16)")
+    if name == "actor_niceness":
+        rules.append(f"{COSTLY_ACTOR_NICENESS} for env steps of {COSTLY_STEP_S * 1e3:g} ms or more")
+    return f" Auto, when not given: {'; '.join(rules)}." if rules else ""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Values for some flags, and why (one "auto:" line)."""
+
+    flags: dict[str, Any]
+    why: str
+
+    def line(self) -> str:
+        flags = " ".join(f"--{name}={value}" for name, value in self.flags.items())
+        return f"auto: {flags} ({self.why})" if flags else f"auto: {self.why}"
+
+
+def has_images(info: EnvInfo) -> bool:
+    return any(len(space.shape) == 3 for space in obs_spaces(info.obs_space).values())
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (Linux: its flags in /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def sampler_sizing(cfg: argparse.Namespace, step_seconds: float) -> Choice | None:
+    """For an env whose step takes `step_seconds`: envs per worker and actor niceness, or None for a cheap env."""
+    if step_seconds < COSTLY_STEP_S:
+        return None
+    actors_per_inference_worker = math.ceil(cfg.num_workers / cfg.policy_workers_per_policy)
+    per_split = int(np.clip(math.ceil(INFERENCE_BATCH / actors_per_inference_worker), *ENVS_PER_SPLIT))
+    actors = f"{actors_per_inference_worker} actor{'s' if actors_per_inference_worker > 1 else ''}"
+    return Choice({"num_envs_per_worker": per_split * cfg.worker_num_splits, "actor_niceness": COSTLY_ACTOR_NICENESS},
+                  f"{step_seconds * 1e3:.2f} ms per env step: about {INFERENCE_BATCH} observations per forward pass "
+                  f"from {actors} per inference worker, and inference runs before the actors")
+
+
+def choices(cfg: argparse.Namespace, info: EnvInfo) -> list[Choice]:
+    """Every rule that applies to this env, with the values it would set (given flags not yet removed)."""
+    found = []
+    if cfg.encoder == "auto":
+        for key, space in obs_spaces(info.obs_space).items():
+            name, why = auto_encoder(space)
+            found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
+    if has_images(info):
+        found.append(Choice(dict(IMAGE_LEARNING), "image observations: the CNN's SGD is the bottleneck, each sample is "
+                                                  "trained on once"))
+    if has_images(info) and cpu_has_bf16():
+        found.append(Choice({"learner_bf16": True}, "image observations and a CPU with native bfloat16: the CNN's SGD "
+                                                    "runs faster in bfloat16"))
+    sizing = None if info.step_seconds is None else sampler_sizing(cfg, info.step_seconds)
+    return found + ([sizing] if sizing else [])
+
+
+def apply(cfg: argparse.Namespace, given: set[str], info: EnvInfo) -> list[str]:
+    """Set the values the rules choose for flags not in `given` (flag names as argparse dests); returns the
+    "auto:" lines to log. A rule whose flags were all given says nothing."""
+    lines = []
+    for choice in choices(cfg, info):
+        chosen = {name: value for name, value in choice.flags.items() if name not in given}
+        if choice.flags and not chosen:
+            continue
+        for name, value in chosen.items():
+            setattr(cfg, name, value)
+        lines.append(Choice(chosen, choice.why).line())
+    return lines

@@ -1,0 +1,98 @@
+"""Defaults chosen from the task (appo/auto.py): which rule fires for which env, given flags win, the env's
+step cost is measured, and a real run logs and saves its choices."""
+
+import json
+import os
+
+import pytest
+
+from appo import auto
+from appo.cfg import build_parser
+from envs import EnvInfo, env_info
+from tests.conftest import last_mean_reward
+from tests.space_envs import OBS, SpacesEnv
+
+VECTOR, IMAGE = OBS["vector"], OBS["image"]
+
+
+def cfg_of(*flags: str):
+    return build_parser().parse_args(["--env=unused", *flags])
+
+
+def info(obs_space, step_seconds: float | None = 1e-5) -> EnvInfo:
+    return EnvInfo(obs_space, SpacesEnv().action_space, step_seconds=step_seconds)
+
+
+def test_vector_observations_and_cheap_steps_keep_the_defaults():
+    cfg, defaults = cfg_of(), vars(cfg_of())
+    lines = auto.apply(cfg, set(), info(VECTOR))
+    assert vars(cfg) == defaults
+    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
+
+
+def test_images_train_each_sample_once_unless_told_otherwise():
+    cfg = cfg_of("--ppo_epochs=3")
+    lines = auto.apply(cfg, {"ppo_epochs"}, info(IMAGE))
+    assert cfg.ppo_epochs == 3  # given on the command line: wins
+    for name, value in auto.IMAGE_LEARNING.items():
+        if name != "ppo_epochs":
+            assert getattr(cfg, name) == value
+    assert any("--gamma=0.99" in line and "--ppo_epochs" not in line and "image observations" in line for line in lines)
+    assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
+
+
+def test_a_given_encoder_is_not_announced():
+    assert auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR)) == []
+
+
+@pytest.mark.parametrize("workers,inference_workers,expected", [(2, 1, 32), (1, 1, 32), (4, 1, 16), (8, 2, 16),
+                                                                 (64, 1, 8)])
+def test_costly_env_steps_size_the_inference_batch(workers, inference_workers, expected):
+    cfg = cfg_of(f"--num_workers={workers}", f"--policy_workers_per_policy={inference_workers}")
+    lines = auto.apply(cfg, {"num_workers", "policy_workers_per_policy"}, info(VECTOR, step_seconds=5e-4))
+    assert cfg.num_envs_per_worker == expected
+    assert cfg.num_envs_per_worker % cfg.worker_num_splits == 0
+    assert cfg.actor_niceness == auto.COSTLY_ACTOR_NICENESS
+    assert any(f"--num_envs_per_worker={expected} --actor_niceness=5 (0.50 ms per env step" in line for line in lines)
+
+
+def test_given_envs_per_worker_win_over_the_step_cost():
+    cfg = cfg_of("--num_envs_per_worker=6", "--actor_niceness=0")
+    assert auto.apply(cfg, {"num_envs_per_worker", "actor_niceness"}, info(VECTOR, step_seconds=5e-4)) == [
+        "auto: encoder mlp for observation 'obs' (5 vector)"]
+    assert (cfg.num_envs_per_worker, cfg.actor_niceness) == (6, 0)
+
+
+def test_no_measurement_no_sizing():
+    cfg = cfg_of()
+    auto.apply(cfg, set(), info(VECTOR, step_seconds=None))
+    assert cfg.num_envs_per_worker == cfg_of().num_envs_per_worker
+
+
+def test_step_cost_is_measured():
+    measured = env_info("sleep_env", {"step_seconds": 0.002}, measure_step=True).step_seconds
+    assert 0.002 <= measured < 0.02
+    assert env_info("sleep_env", {"step_seconds": 0.002}).step_seconds is None
+
+
+def test_every_rule_is_in_the_help():
+    text = " ".join(build_parser().format_help().split())
+    for name in (*auto.IMAGE_LEARNING, "num_envs_per_worker", "actor_niceness"):
+        assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("size", [10, 16])
+def test_small_images_train_with_the_default_encoder(trainer, size):
+    """Images smaller than the Nature CNN takes get the small CNN, say so, save the image rules, and learn: the
+    env pays 1 per step for action 0 (random play: 1/3 of the 20 steps)."""
+    kwargs = json.dumps({"obs": "small_image", "image_size": size})
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}", f"--experiment=img{size}",
+                         "--train_for_env_steps=60000", "--num_workers=1", "--num_envs_per_worker=8",
+                         "--report_interval=1", "--decorrelate_envs_on_one_worker=False")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, smaller than" in result.stderr
+    with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
+        saved = json.load(f)
+    assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)
+    assert last_mean_reward(result.stdout) > 12
