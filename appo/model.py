@@ -304,11 +304,12 @@ class ObsEncoder(nn.Module):
         for key, encoder in self.encoders.items():
             x = obs[key].float()
             if key in self.images:
-                # On a CPU, only the image encoder runs in bfloat16; its features, the heads and the losses are float32.
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16_images):
-                    features.append(encoder(x / 255.0).float())
-                continue
-            if norms is not None:
+                x = x / 255.0
+                if self.bf16_images:  # learner on a CPU: only the encoder in bfloat16, its features back in float32
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        features.append(encoder(x).float())
+                    continue
+            elif norms is not None:
                 x = norms[key](x)
             features.append(encoder(x))
         return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
