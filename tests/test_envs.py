@@ -50,8 +50,10 @@ def test_user_env_given_as_module_function_trains(trainer):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("policies", [1, 2])
 def test_multi_agent_env_is_learned(trainer, policies):
+    # Each policy trains on its own agents' share of the env steps, so two policies get a larger budget.
+    env_steps = {1: 250_000, 2: 400_000}[policies]
     result = trainer.run("--env=coop_multi_agent", f"--experiment=coop{policies}", f"--num_policies={policies}",
-                         "--train_for_env_steps=250000", "--num_workers=2", "--num_envs_per_worker=8",
+                         f"--train_for_env_steps={env_steps}", "--num_workers=2", "--num_envs_per_worker=8",
                          "--report_interval=1")
     assert result.returncode == 0, result.stdout + result.stderr
     # Random play scores about 6.3 per agent per episode, the best play 49.6.
