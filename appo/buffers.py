@@ -31,6 +31,7 @@ import math
 import mmap
 import os
 import re
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -258,6 +259,29 @@ def open_segment(name: str, nbytes: int) -> mmap.mmap:
         return create_segment(name, nbytes)
     except FileExistsError:
         return attach_segment(name)
+
+
+def write_weights(sampler: SamplerState, acting_id: int, copy_in, version: int) -> None:
+    """The seqlock's write side for one acting id's weights segment: the counter is odd while `copy_in()` fills
+    the segment, then the version is published (readers: `read_weights`)."""
+    seq = sampler.weights_seq
+    seq[acting_id] += 1
+    copy_in()
+    seq[acting_id] += 1
+    sampler.policy_version[acting_id] = version
+
+
+def read_weights(sampler: SamplerState, acting_id: int, copy_out):
+    """The seqlock's read side: `copy_out()` (which copies the segment) is retried until no write overlapped it;
+    returns what the last call returned."""
+    seq = sampler.weights_seq
+    while True:
+        before = int(seq[acting_id])
+        if before % 2 == 0:
+            copied = copy_out()
+            if int(seq[acting_id]) == before:
+                return copied
+        time.sleep(0.0001)
 
 
 def attach_segment(name: str) -> mmap.mmap:

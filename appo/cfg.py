@@ -7,6 +7,7 @@ the flag and what would be valid (`ConfigError`), before anything is written to 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -114,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
              "92%% of the raw limit pinned, 97%% not).")
     add("--force_envs_single_thread", type=str2bool, default=True,
         help="Limit BLAS/OpenMP threads in actor workers to one, so envs do not oversubscribe the cores.")
+    add("--backend", type=str, default="local", choices=["local", "ray"],
+        help="local: every process on this machine. ray: the runner, learners and PBT stay on this machine (the "
+             "head); each Ray node runs a sampler group (actor workers and an inference worker per policy) and "
+             "ships trajectories back through Ray's object store (pip install -e \".[ray]\"; docs/cluster.md).")
+    add("--ray_address", type=str, default="",
+        help="With --backend=ray: the cluster to join, as given to ray.init (host:port of the head started with "
+             "'ray start --head', or auto). Empty: start a Ray instance on this machine alone.")
+    add("--ray_workers_per_node", type=int, default=0,
+        help="With --backend=ray: actor workers per sampler group (one group per node while nodes are free); "
+             "--num_workers counts them over the whole cluster. 0: split --num_workers evenly over the nodes "
+             "that have CPUs.")
     add("--reset_timeout_seconds", type=float, default=120.0,
         help="Fail the run if an actor worker cannot create and reset its envs within this many seconds.")
     add("--stall_timeout_seconds", type=float, default=120.0,
@@ -326,6 +338,10 @@ def validate(cfg: argparse.Namespace) -> None:
     for name in POSITIVE_FLOATS:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name}={getattr(cfg, name)}: must be positive")
+    if cfg.ray_workers_per_node < 0:
+        raise ConfigError(f"--ray_workers_per_node={cfg.ray_workers_per_node}: must be 0 (split evenly) or more")
+    if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError('--backend=ray needs Ray, which is not installed: pip install -e ".[ray]"')
     if cfg.eval_every_env_steps < 0:
         raise ConfigError(f"--eval_every_env_steps={cfg.eval_every_env_steps}: must be 0 (no evaluation) or more")
     if cfg.max_worker_restarts < 0:
@@ -510,8 +526,8 @@ def lockstep(cfg: argparse.Namespace) -> bool:
     serves a step depends on timing. In lockstep the actor waits at each rollout boundary until the
     learner has trained on everything sent so far, which makes the run synchronous PPO.
     """
-    return (cfg.seed is not None and not cfg.sampler_only and cfg.num_workers == 1 and cfg.worker_num_splits == 1
-            and cfg.num_policies == 1 and cfg.policy_workers_per_policy == 1)
+    return (cfg.seed is not None and cfg.backend == "local" and not cfg.sampler_only and cfg.num_workers == 1
+            and cfg.worker_num_splits == 1 and cfg.num_policies == 1 and cfg.policy_workers_per_policy == 1)
 
 
 def experiment_dir(cfg: argparse.Namespace) -> str:

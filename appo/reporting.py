@@ -61,6 +61,10 @@ class Reports:
         self.nonfinite_values = 0
         self.skipped_updates = [0] * self.num_policies
         self.restarts: dict[str, int] = {}  # set by the runner
+        # --backend=ray: the cluster process's last report (per sampler group: node, env steps, bytes moved), and
+        # its totals over the measured period of a benchmark: seconds, busy seconds, trajectory and weights bytes.
+        self.cluster: dict | None = None
+        self.cluster_totals = {"seconds": 0.0, "busy": 0.0, "traj_bytes": 0, "weights_bytes": 0}
         self.env_steps = list(initial_env_steps)  # trained + dropped env steps per policy (learner count)
         self.versions = [0] * self.num_policies
         self.dropped = [0] * self.num_policies
@@ -116,6 +120,40 @@ class Reports:
                 self.objectives[policy].append(objective)
             for name, value in extra.items():
                 self.extra_stats[policy].setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
+
+    def on_cluster(self, data: dict) -> None:
+        self.cluster = data
+        if self.measure_start is not None:
+            totals = self.cluster_totals
+            totals["seconds"] += data["seconds"]
+            totals["busy"] += data["busy"]
+            totals["traj_bytes"] += sum(group["traj_bytes"] for group in data["groups"])
+            totals["weights_bytes"] += sum(group["weights_bytes"] for group in data["groups"])
+
+    def restart_counts(self) -> dict[str, int]:
+        """Worker restarts per role on this machine and on the cluster's nodes, and replaced sampler groups."""
+        counts = dict(self.restarts)
+        for group in (self.cluster or {}).get("groups", []):
+            for role, n in group["restarts"].items():
+                counts[role] = counts.get(role, 0) + n
+            counts["sampler group"] = counts.get("sampler group", 0) + group["replacements"]
+        return counts
+
+    def cluster_text(self) -> str:
+        """Per sampler group: its node and FPS (or why it is not running); then the head's bytes/s in and out."""
+        data = self.cluster
+        seconds = max(data["seconds"], 1e-9)
+        pieces = []
+        for group in data["groups"]:
+            if group["running"]:
+                state = f"{_si(group['env_steps'] / seconds)} FPS"
+            else:
+                state = f"lost ({group['lost'][:60]}), waiting for CPUs" if group["lost"] else "starting"
+            pieces.append(f"{group['name']} {group['node'] or '-'} {state}")
+        traj = sum(group["traj_bytes"] for group in data["groups"]) / seconds
+        weights = sum(group["weights_bytes"] for group in data["groups"]) / seconds
+        return (f"cluster: {'; '.join(pieces)}; trajectories in {_si(traj)}B/s, weights out {_si(weights)}B/s, "
+                f"head busy {data['busy'] / seconds:.0%}")
 
     def on_evaluation(self, policy: int, data: dict) -> None:
         """Keep the newest evaluation for the status line and write all its results under eval/."""
@@ -320,11 +358,14 @@ class Reports:
             faults.append(f"non-finite values {self.nonfinite_values} (set to 0)")
         if any(self.skipped_updates):
             faults.append(f"updates skipped (non-finite) {sum(self.skipped_updates)}")
-        restarts = ", ".join(f"{role} {n}" for role, n in sorted(self.restarts.items()) if n)
+        restarts = ", ".join(f"{role} {n}" for role, n in sorted(self.restart_counts().items()) if n)
         if restarts:
             faults.append(f"restarts: {restarts}")
         if faults:
             lines += _fit([f"faults: {faults[0]}"] + [f", {fault}" for fault in faults[1:]], indent="  ")
+        if self.cluster is not None:
+            pieces = self.cluster_text().split(";")
+            lines += _fit([f"{piece};" for piece in pieces[:-1]] + pieces[-1:], indent="  ")
         if self.hyperparams is not None:
             lines += _fit([self._population_text()], indent="  ")
         if self.ratings is not None:
@@ -383,12 +424,27 @@ class Reports:
             if p == 0:  # run-wide counts go with the first policy
                 writer.add_scalar("faults/env_errors", self.env_errors, step)
                 writer.add_scalar("faults/nonfinite_values", self.nonfinite_values, step)
+                restarts = self.restart_counts()
                 for role in ("actor", "inference", "learner"):
-                    writer.add_scalar(f"faults/restarts_{role}", self.restarts.get(role, 0), step)
+                    writer.add_scalar(f"faults/restarts_{role}", restarts.get(role, 0), step)
+                if self.cluster is not None:
+                    self._write_cluster_summaries(writer, step)
             if self.hyperparams is not None:
                 self.write_pbt_summaries(p)
             if self.ratings is not None:
                 self.write_rating_summaries(p)
+
+    def _write_cluster_summaries(self, writer, step: int) -> None:
+        data = self.cluster
+        seconds = max(data["seconds"], 1e-9)
+        for group in data["groups"]:
+            writer.add_scalar(f"cluster/{group['name']}_fps", group["env_steps"] / seconds, step)
+        writer.add_scalar("cluster/trajectory_bytes_per_s", sum(g["traj_bytes"] for g in data["groups"]) / seconds,
+                          step)
+        writer.add_scalar("cluster/weights_bytes_per_s", sum(g["weights_bytes"] for g in data["groups"]) / seconds,
+                          step)
+        writer.add_scalar("cluster/head_busy", data["busy"] / seconds, step)
+        writer.add_scalar("faults/sampler_groups_replaced", self.restart_counts().get("sampler group", 0), step)
 
     def write_rating_summaries(self, policy: int) -> None:
         """The policy's Elo and its win/draw/loss rates against snapshots and other policies, under selfplay/; the
@@ -451,6 +507,13 @@ class Reports:
             "inference_batch_size": self.inference_obs / max(self.inference_batches, 1),
             "cpu_busy": _cpu_busy(self.cpu_at_measure_start, psutil.cpu_times()),
         }
+        if self.cluster is not None:  # --backend=ray: what the head's cluster process moved
+            totals = self.cluster_totals
+            cluster_seconds = max(totals["seconds"], 1e-9)
+            summary["cluster"] = {"groups": len(self.cluster["groups"]),
+                                  "trajectory_bytes_per_s": totals["traj_bytes"] / cluster_seconds,
+                                  "weights_bytes_per_s": totals["weights_bytes"] / cluster_seconds,
+                                  "head_busy": totals["busy"] / cluster_seconds}
         summary["bottleneck"] = diagnose(summary)
         return summary
 
@@ -512,6 +575,12 @@ def diagnose(summary: dict) -> str:
     saturated = cpu > 0.9
     busy = {"actors": actor["env_step"], "inference": inference["forward"],
             "learner": 0.0 if summary["sampler_only"] else learner["sgd"] + learner["batching"]}
+    cluster = summary.get("cluster")
+    if cluster is not None and cluster["head_busy"] > 0.8:
+        return (f"network: the head's cluster process is busy {cluster['head_busy']:.0%} of its time taking in "
+                f"{_si(cluster['trajectory_bytes_per_s'])}B/s of trajectories and sending "
+                f"{_si(cluster['weights_bytes_per_s'])}B/s of weights; a longer --rollout (fewer, larger transfers) "
+                "or a faster link between the nodes")
     if actor["wait_buffers"] > 0.25 and not summary["sampler_only"]:
         return (f"learner: actors wait {actor['wait_buffers']:.0%} of their time for trajectory slots while the "
                 f"learner is busy {busy['learner']:.0%}; lower --ppo_epochs or --num_batches_per_iteration, raise "
@@ -560,5 +629,10 @@ def format_benchmark(summary: dict) -> str:
         if component == "inference":
             cells.append(f"{summary['inference_batch_size']:.1f} obs per batch")
         lines.append(f"  {component:10s} " + " | ".join(cells))
+    if "cluster" in summary:
+        cluster = summary["cluster"]
+        lines.append(f"  cluster        {cluster['groups']} sampler groups, trajectories in "
+                     f"{_si(cluster['trajectory_bytes_per_s'])}B/s, weights out "
+                     f"{_si(cluster['weights_bytes_per_s'])}B/s, head busy {cluster['head_busy']:.0%}")
     lines.append(f"  bottleneck: {summary['bottleneck']}")
     return "\n".join(lines)

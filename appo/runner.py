@@ -29,15 +29,16 @@ from appo.buffers import (
     unlink_segment,
     weights_segment_name,
 )
-from appo.cfg import inference_groups, inference_name, lockstep
+from appo.cfg import inference_groups, lockstep
 from appo.checkpoint import newest_checkpoints
 from appo.hooks import CheckpointSaved, EpisodeEnd, Evaluation, Hooks, LearnerIteration
 from appo.matchmaking import num_acting_ids
 from appo.ratings import Ratings
-from appo.supervisor import Death, Supervisor
+from appo.sampler_group import SamplerGroup
+from appo.supervisor import Supervisor
 from envs import EnvInfo
 from utils.logs import log
-from utils.queues import forget_waiters, make_queue, release_if_held_by
+from utils.queues import make_queue
 
 SHUTDOWN_SECONDS = 8.0
 
@@ -59,20 +60,25 @@ class Runner:
         self.spaces = (env.obs_space, env.action_space)
         self.layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
         self.traj = TrajBuffers(self.layout)
-        groups = inference_groups(cfg)
         self.num_acting = num_acting_ids(cfg)  # policies and their self-play snapshots
-        self.sampler = SamplerState(self.layout, cfg.num_policies, (len(groups), cfg.policy_workers_per_policy),
+        self.sampler = SamplerState(self.layout, cfg.num_policies,
+                                    (len(inference_groups(cfg)), cfg.policy_workers_per_policy),
                                     tuple(env.reward_shaping), num_snapshots=self.num_acting - cfg.num_policies)
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
         # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each
         # worker's resident memory creep up for longer: RSS counts the shared pages a process has touched, and a
         # ring's messages move through all of its pages (10 MB took 45 min with 4 CartPole actors).
         self.report_queue = make_queue(1_000_000)
-        self.actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
-        # Wake-up queues of the inference workers, [group][index]; requests themselves go through memory.
-        self.inference_queues = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)]
-                                 for _ in groups]
         self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
+        self.weights_names = [weights_segment_name(self.run_token, i) for i in range(self.num_acting)]
+        if cfg.backend == "local":  # the sampler runs here, in these buffers
+            self.group = SamplerGroup(cfg, self.layout, self.spaces, self.traj, self.sampler, self.learner_inboxes,
+                                      self.report_queue, self.weights_names)
+            self.actor_inboxes = self.group.actor_inboxes
+        else:  # the nodes sample; the cluster process copies their trajectories into these slots (ray_backend.py)
+            self.group = None
+            self.cluster_inbox = make_queue()
+            self.actor_inboxes = [self.cluster_inbox] * cfg.num_workers  # learners' "released" wake it
         # Evaluation requests; each policy is due again --eval_every_env_steps after its last request.
         self.eval_inbox = make_queue() if cfg.eval_every_env_steps else None
         self.next_eval = [steps + cfg.eval_every_env_steps for steps in initial_env_steps]
@@ -96,12 +102,13 @@ class Runner:
     def _queues(self) -> list[tuple[str, object]]:
         """Every queue with a readable name (for the repair after a death, see utils/queues.py)."""
         named = [("report queue", self.report_queue)]
-        named += [(f"actor_{w} inbox", q) for w, q in enumerate(self.actor_inboxes)]
         named += [(f"learner_p{p} inbox", q) for p, q in enumerate(self.learner_inboxes)]
         if self.eval_inbox is not None:
             named.append(("evaluator inbox", self.eval_inbox))
-        named += [(f"{inference_name(self.cfg, g, i)} wake-up queue", q)
-                  for g, queues in enumerate(self.inference_queues) for i, q in enumerate(queues)]
+        if self.group is not None:
+            named += self.group.queues()
+        else:
+            named.append(("cluster inbox", self.cluster_inbox))
         return named
 
     def start(self) -> None:
@@ -109,8 +116,7 @@ class Runner:
         if removed:
             log.info("Removed %d shared-memory segments left by runs whose main process died: %s", len(removed),
                      ", ".join(removed))
-        cfg, layout = self.cfg, self.layout
-        weights_names = [weights_segment_name(self.run_token, i) for i in range(self.num_acting)]
+        cfg, layout, weights_names = self.cfg, self.layout, self.weights_names
         # Each worker: how to start it (arguments taken at every start) and which flags in shared memory its
         # death may leave raised.
         add, sampler = self.supervisor.add, self.sampler
@@ -121,24 +127,16 @@ class Runner:
                 None if self.population is None else self.population[p].hyperparams,
                 bool(self.hooks.on_learner_iteration)),
                 cleanup=lambda p=p: sampler.pause_collection.__setitem__(p, 0), inbox=self.learner_inboxes[p])
-        for g in range(len(self.inference_queues)):
-            for i in range(cfg.policy_workers_per_policy):
-                add(inference_name(cfg, g, i), "appo.inference_worker", "run_inference_worker", lambda g=g, i=i: (
-                    cfg, layout, self.spaces, g, i, self.traj, sampler, self.inference_queues[g][i],
-                    self.actor_inboxes, self.report_queue, weights_names),
-                    # actors must stop sending wake-ups to a queue nobody reads
-                    cleanup=lambda g=g, i=i: sampler.inference_idle.__setitem__((g, i), 0),
-                    inbox=self.inference_queues[g][i])
         if self.eval_inbox is not None:
             add("evaluator", "appo.evaluator", "run_evaluator", lambda: (
                 cfg, self.spaces, self.env.num_agents, sampler, self.eval_inbox, self.report_queue, weights_names,
                 self.exp_dir), cleanup=lambda: None, inbox=self.eval_inbox)
-        for w in range(cfg.num_workers):
-            add(f"actor_{w}", "appo.actor_worker", "run_actor_worker", lambda w=w: (
-                cfg, layout, w, self.traj, sampler, self.actor_inboxes[w], self.inference_queues,
-                self.learner_inboxes, self.report_queue),
-                cleanup=lambda w=w: (sampler.actor_waiting.__setitem__(w, 0), sampler.actor_call.__setitem__(w, 0)),
-                inbox=self.actor_inboxes[w])
+        if self.group is not None:
+            self.group.start(self.supervisor)
+        else:
+            add("cluster", "appo.ray_backend", "run_cluster", lambda: (
+                cfg, layout, self.env, self.traj, sampler, self.learner_inboxes, self.cluster_inbox,
+                self.report_queue, weights_names), cleanup=lambda: None, inbox=self.cluster_inbox)
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> Outcome:
@@ -213,6 +211,8 @@ class Runner:
                 self._call_hooks("on_learner_iteration", LearnerIteration(message[1], **message[2]))
             elif kind == "checkpoint":
                 self._call_hooks("on_checkpoint", CheckpointSaved(message[1], **message[2]))
+            elif kind == "cluster":
+                self.reports.on_cluster(message[1])
             elif kind == "evaluation":
                 self.reports.on_evaluation(message[1], message[2])
                 self._call_hooks("on_evaluation", Evaluation(message[1], **message[2]))
@@ -244,58 +244,19 @@ class Runner:
     # ---------------------------------------------------------------- supervision
     def _supervise(self) -> Outcome | None:
         """Replace every worker that died or hangs; an Outcome when the run cannot go on."""
-        self._kill_hung_actors()
-        deaths = self.supervisor.deaths()
-        if not deaths:
-            return None
-        self._drain_reports(timeout=0.0)  # a crash report is sent just before the exit
-        for death in self.supervisor.deaths():
-            worker = death.worker
-            if death.permanent:
-                what = "stopped the run" if worker.fatal else "crashed while starting (a replacement would too)"
-                return Outcome(f"{worker.name} {what}: {death.cause}", completed=False, failed=True)
-            if not self.supervisor.may_restart(worker):
-                return Outcome(f"{worker.name} died more than --max_worker_restarts={self.cfg.max_worker_restarts} "
-                               f"times within an hour; last cause: {death.cause}", completed=False, failed=True)
-            self._recover_from(death)
-        return None
-
-    def _recover_from(self, death: Death) -> None:
-        """Undo what the dead worker may have left half done in shared memory, then start its replacement."""
-        worker = death.worker
-        for name, queue in self._queues():
-            if release_if_held_by(queue, worker.process.pid):
-                log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked", worker.name,
-                            name)
-        forget_waiters(worker.inbox)
-        worker.cleanup()
-        self.supervisor.restart(worker)
+        if self.group is not None:
+            self.group.kill_hung_actors(self.supervisor)
+        reason = self.supervisor.replace_dead(self._queues(), lambda: self._drain_reports(timeout=0.0))
         self.reports.restarts = self.supervisor.restart_counts()
-        log.warning("%s died (%s); replaced it (restart %d of this worker, at most %d per hour)", worker.name,
-                    death.cause, len(worker.restarts), self.cfg.max_worker_restarts)
-
-    def _kill_hung_actors(self) -> None:
-        """An actor inside one env call for longer than --env_timeout_seconds is killed (and then replaced)."""
-        sampler, now = self.sampler, time.monotonic()
-        for w in range(self.cfg.num_workers):
-            call, since = int(sampler.actor_call[w]), float(sampler.actor_call_since[w])
-            worker = self.supervisor.workers[f"actor_{w}"]
-            if call and now - since > self.cfg.env_timeout_seconds and not worker.killed_because:
-                self.supervisor.kill(worker.name, f"stuck for {now - since:.0f} s in env.{sampler.ENV_CALLS[call]} of "
-                                     f"its env {int(sampler.actor_call_env[w])} (--env_timeout_seconds="
-                                     f"{self.cfg.env_timeout_seconds:g})")
+        return None if reason is None else Outcome(reason, completed=False, failed=True)
 
     def _blocked_in(self) -> str:
         """What every worker is doing, for the stall report: actors' current env call, the others' last report."""
         now = time.monotonic()
         states = {name: f"{state} (reported {now - when:.0f} s ago)"
                   for name, (state, when) in self.reports.states.items()}
-        for w in range(self.cfg.num_workers):
-            call = int(self.sampler.actor_call[w])
-            if call:
-                since = now - float(self.sampler.actor_call_since[w])
-                states[f"actor_{w}"] = (f"inside env.{self.sampler.ENV_CALLS[call]} of env "
-                                        f"{int(self.sampler.actor_call_env[w])} for {since:.0f} s")
+        if self.group is not None:
+            states.update(self.group.env_calls())
         return "; ".join(f"{name}: {state}" for name, state in sorted(states.items()))
 
     def _check_stop(self, elapsed: float) -> Outcome | None:
@@ -307,6 +268,11 @@ class Runner:
         if late:
             return Outcome(f"{', '.join(late)} did not create and reset its envs within --reset_timeout_seconds="
                            f"{cfg.reset_timeout_seconds:g} of starting; states: {self._blocked_in()}",
+                           completed=False, failed=True)
+        if self.supervisor.not_ready_after("cluster", cfg.reset_timeout_seconds):
+            return Outcome(f"the Ray cluster ran no sampler group within --reset_timeout_seconds="
+                           f"{cfg.reset_timeout_seconds:g} (is --ray_address={cfg.ray_address!r} right, and does a "
+                           f"node have the CPUs a group asks for?); states: {self._blocked_in()}",
                            completed=False, failed=True)
         if self.interrupted:
             return Outcome("interrupted", completed=False)

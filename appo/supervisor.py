@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from utils.logs import log
 from utils.process import EXIT_FATAL, start_component
+from utils.queues import forget_waiters, release_if_held_by
 
 RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
 
@@ -113,6 +114,35 @@ class Supervisor:
             permanent = worker.fatal or code == EXIT_FATAL or (worker.error is not None and not worker.ready)
             found.append(Death(worker, cause, permanent))
         return found
+
+    def replace_dead(self, queues: list[tuple[str, object]], drain_reports: Callable[[], None]) -> str | None:
+        """Replace every worker that died, after undoing what its death may have left half done; returns why the
+        run must stop instead (a permanent failure, or too many restarts), else None.
+
+        `queues` names every queue the group's processes use (a dead process may hold a queue's lock, see
+        utils/queues.py); `drain_reports` reads the reports sent so far, since a crash report comes just before
+        the exit."""
+        if not self.deaths():
+            return None
+        drain_reports()
+        for death in self.deaths():
+            worker = death.worker
+            if death.permanent:
+                what = "stopped the run" if worker.fatal else "crashed while starting (a replacement would too)"
+                return f"{worker.name} {what}: {death.cause}"
+            if not self.may_restart(worker):
+                return (f"{worker.name} died more than --max_worker_restarts={self.max_restarts} times within an "
+                        f"hour; last cause: {death.cause}")
+            for name, queue in queues:
+                if release_if_held_by(queue, worker.process.pid):
+                    log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked", worker.name,
+                                name)
+            forget_waiters(worker.inbox)
+            worker.cleanup()
+            self.restart(worker)
+            log.warning("%s died (%s); replaced it (restart %d of this worker, at most %d per hour)", worker.name,
+                        death.cause, len(worker.restarts), self.max_restarts)
+        return None
 
     def may_restart(self, worker: Worker) -> bool:
         """Within --max_worker_restarts restarts of this worker in the last hour."""

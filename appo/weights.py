@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from appo.buffers import SamplerState, attach_segment, open_segment
+from appo.buffers import SamplerState, attach_segment, open_segment, read_weights, write_weights
 
 
 def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -86,12 +86,11 @@ class WeightsPublisher(_FlatWeights):
 
     @torch.no_grad()
     def _write(self, tensors: list[torch.Tensor], version: int) -> None:
-        seq = self.sampler.weights_seq
-        seq[self.policy_id] += 1
-        for view, tensor in zip(self.views, tensors):
-            view.copy_(tensor.detach().reshape(-1))
-        seq[self.policy_id] += 1
-        self.sampler.policy_version[self.policy_id] = version
+        def copy_in() -> None:
+            for view, tensor in zip(self.views, tensors):
+                view.copy_(tensor.detach().reshape(-1))
+
+        write_weights(self.sampler, self.policy_id, copy_in, version)
 
 
 class WeightsSubscriber(_FlatWeights):
@@ -112,14 +111,7 @@ class WeightsSubscriber(_FlatWeights):
         version = int(self.sampler.policy_version[self.policy_id])
         if version == self.version:
             return False
-        seq = self.sampler.weights_seq
-        while True:
-            before = int(seq[self.policy_id])
-            if before % 2 == 0:
-                snapshot = self.flat.clone()
-                if int(seq[self.policy_id]) == before:
-                    break
-            time.sleep(0.0001)
+        snapshot = read_weights(self.sampler, self.policy_id, self.flat.clone)
         for view, tensor in zip(torch.split(snapshot, self.sizes), self.tensors):
             tensor.copy_(view.view_as(tensor))
         self.version = version
