@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,8 @@ def prepare(cfg: argparse.Namespace, given: set[str]
 
     check_train_dir(cfg.train_dir)
     check_device(cfg.device)
+    if cfg.backend == "ray":
+        check_ray_address(cfg.ray_address)
     for line in auto_lines:
         log.info(line)
     # Everything is valid: only now does the experiment dir change.
@@ -167,6 +170,22 @@ def check_device(device: str) -> None:
     if index >= count:
         raise ConfigError(f"--device={device}: this machine has {count} CUDA device(s) visible to torch; use "
                           f"{'--device=cuda:0 to cuda:' + str(count - 1) + ', ' if count else ''}--device=cpu or auto")
+
+
+def check_ray_address(address: str) -> None:
+    """A host:port address answers on that port (Ray itself would retry for minutes before it gives up). Empty
+    (a private instance) and auto (found by Ray on this machine) are not checked."""
+    if address in ("", "auto"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--ray_address={address}: use host:port of the cluster's head (ray start --head prints "
+                          "it), auto, or leave it empty for a Ray instance on this machine")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(f"--ray_address={address}: nothing answers there ({exc.strerror or exc}); is the head "
+                          "started with 'ray start --head'?") from exc
 
 
 class _KeptForLogFile(logging.StreamHandler):

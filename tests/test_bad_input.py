@@ -51,6 +51,11 @@ def run(train_dir: str, *args: str) -> subprocess.CompletedProcess:
     (["--env=CartPole-v1", "--use_rnn=maybe"], "--use_rnn"),
     (["--num_workers=2"], "--env"),
     (["--env=CartPole-v1", "--use_rnn=True"], "--use_rnn=True differs from the saved experiment"),
+    (["--env=CartPole-v1", "--backend=spark"], "--backend: invalid choice: 'spark'"),
+    (["--env=CartPole-v1", "--ray_workers_per_node=-1"], "--ray_workers_per_node=-1: must be 0 (split evenly) or more"),
+    (["--env=CartPole-v1", "--backend=ray", "--ray_address=nonsense"], "--ray_address=nonsense: use host:port"),
+    (["--env=CartPole-v1", "--backend=ray", "--ray_address=127.0.0.1:1"],
+     "--ray_address=127.0.0.1:1: nothing answers there"),
 ])
 def test_bad_flags(existing_experiment, args, expected):
     train_dir, exp = existing_experiment

@@ -5,6 +5,7 @@ routes a machine's traffic to itself over the loopback device). Ray 2.60 cannot 
 a driver joining it waits forever for the head's pubsub.
 """
 
+import pathlib
 import re
 import time
 
@@ -14,7 +15,7 @@ import pytest
 from ray.cluster_utils import Cluster
 
 from appo.ray_backend import plan_groups
-from tests.conftest import last_mean_reward, shm_entries
+from tests.conftest import last_mean_reward, processes_mentioning, shm_entries
 
 RAY_PROCESSES = ("raylet", "gcs_server", "plasma_store", "ray::", "default_worker.py", "log_monitor.py",
                  "dashboard", "monitor.py", "runtime_env_agent")
@@ -72,6 +73,12 @@ def test_cartpole_learns_on_two_nodes_and_survives_losing_one(trainer):
         for _ in range(2):
             read_until(process, lines, r"sampler group n\d \(actor worker \d\) runs on node", deadline)
         steps = int(read_until(process, lines, r"env steps (\d+)", deadline, at_least=100_000).group(1))
+        # The groups and the actors they fork never load torch (only the head's learners do).
+        names = {p.pid: p.name() for p in processes_mentioning("ray::NodeSampler")}  # forks keep the title
+        assert sorted(names.values()).count("actor_0") == 2 and len(names) == 6, names  # + group, inference
+        with_torch = [name for pid, name in names.items()
+                      if "libtorch" in pathlib.Path(f"/proc/{pid}/maps").read_text()]
+        assert with_torch == ["inference_0", "inference_0"], names
         cluster.remove_node(nodes[1], allow_graceful=False)
         lost = read_until(process, lines, r"sampler group (n\d) on node \S+ lost", deadline)
         assert "training goes on with 1 of 2 actor workers" in lines[-1]
