@@ -192,3 +192,27 @@ def test_ratings_line_and_final_table_fit(tmp_path):
         assert re.search(rf"^  ratings: p{p} Elo \d+ \(snapshots \d+-\d+\), vs snapshots W/D/L 100%/0%/0% of 20\n"
                          r"      vs policies W/D/L 0%/100%/0% of 40$", status, re.M), status
     assert_fits("\n".join(ratings.table()))
+
+
+def test_cluster_line_fits_counts_node_restarts_and_the_network_can_be_the_bottleneck(tmp_path):
+    """--backend=ray: the cluster process's report gives per-group FPS and bytes/s, node worker restarts and
+    replaced groups join the faults, and a busy cluster process names the network in the benchmark."""
+    reports = make_reports(tmp_path, "--backend=ray", "--num_workers=4", policies=1)
+    reports.restarts = {"learner": 1}
+    reports.measure_start = (time.monotonic(), 0, 0)  # the benchmark's measured period has begun
+    groups = [{"name": f"n{k}", "node": f"10.0.0.{k + 10}", "workers": 1, "running": True, "lost": "",
+               "replacements": 0, "env_steps": 12_345 * (k + 1), "traj_bytes": 3_000_000, "weights_bytes": 250_000,
+               "restarts": {}} for k in range(4)]
+    groups[0]["restarts"] = {"actor": 2}
+    groups[3].update(node="", running=False, lost="ActorDiedError", replacements=1)
+    reports.on_cluster({"seconds": 1.0, "busy": 0.9, "groups": groups})
+    status = reports.status_line()
+    assert_fits(status)
+    assert "cluster: n0 10.0.0.10 12.3k FPS; n1 10.0.0.11 24.7k FPS; n2 10.0.0.12 37.0k FPS;" in status, status
+    assert "n3 - lost (ActorDiedError), waiting for CPUs;" in status
+    assert "trajectories in 12.0MB/s, weights out 1.00MB/s, head busy 90%" in status
+    assert "restarts: actor 2, learner 1, sampler group 1" in status
+    summary = reports.benchmark_summary("CartPole-v1")
+    assert summary["cluster"] == {"groups": 4, "trajectory_bytes_per_s": 12e6, "weights_bytes_per_s": 1e6,
+                                  "head_busy": 0.9}
+    assert summary["bottleneck"].startswith("network: the head's cluster process is busy 90%")
