@@ -9,8 +9,10 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
 - Encoder (`--encoder=auto`): mlp for vectors; nature_cnn for images, small_cnn when a side is under 36 pixels.
 - Images: a CNN's SGD on a CPU is the bottleneck, so every sample is trained on once, in minibatches of
   --batch_size, at a lower learning rate and with Atari's usual discount and exploration (IMAGE_LEARNING).
-- Images on a CPU with native bfloat16 (AVX512-BF16, AMX): `--learner_bf16=True`, the CNN's SGD under bfloat16
-  autocast.
+- Continuous actions only (every part a Box): no entropy bonus (CONTINUOUS_LEARNING). The Gaussian's learned std
+  does the exploring, and a bonus on it keeps the std wide, so returns plateau (images included).
+- Images on a CPU with native bfloat16 (AVX512-BF16, AMX): `--learner_bf16=True --inference_bf16=True`, the
+  CNN's SGD and forward passes under bfloat16 autocast.
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
   observations: a split gets INFERENCE_BATCH / (actors per inference worker) envs, within ENVS_PER_SPLIT. Actors
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from appo.spaces import auto_encoder, obs_spaces
+from appo.spaces import action_spec, auto_encoder, obs_spaces
 from envs import EnvInfo
 
 COSTLY_STEP_S = 1e-4
@@ -39,16 +41,20 @@ COSTLY_ACTOR_NICENESS = 5
 IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
                   "gae_lambda": 0.95, "exploration_loss_coeff": 0.01}
 
+CONTINUOUS_LEARNING = {"exploration_loss_coeff": 0.0}
+
 
 def flag_help(name: str) -> str:
     """The sentence --help adds to a flag these rules may set (empty for the others)."""
     rules = []
     if name in IMAGE_LEARNING:
         rules.append(f"{IMAGE_LEARNING[name]:g} for image observations")
+    if name in CONTINUOUS_LEARNING:
+        rules.append(f"{CONTINUOUS_LEARNING[name]:g} for continuous (Box) actions, images or not")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker) per split, within {list(ENVS_PER_SPLIT)}")
-    if name == "learner_bf16":
+    if name in ("learner_bf16", "inference_bf16"):
         rules.append("True for image observations on a CPU with native bfloat16 (avx512_bf16 or amx_bf16)")
     if name == "actor_niceness":
         rules.append(f"{COSTLY_ACTOR_NICENESS} for env steps of {COSTLY_STEP_S * 1e3:g} ms or more")
@@ -69,6 +75,10 @@ class Choice:
 
 def has_images(info: EnvInfo) -> bool:
     return any(len(space.shape) == 3 for space in obs_spaces(info.obs_space).values())
+
+
+def continuous_actions(info: EnvInfo) -> bool:
+    return all(kind == "gaussian" for kind, _ in action_spec(info.action_space))
 
 
 def cpu_has_bf16() -> bool:
@@ -100,12 +110,19 @@ def choices(cfg: argparse.Namespace, info: EnvInfo) -> list[Choice]:
         for key, space in obs_spaces(info.obs_space).items():
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
+    continuous = continuous_actions(info)
     if has_images(info):
-        found.append(Choice(dict(IMAGE_LEARNING), "image observations: the CNN's SGD is the bottleneck, each sample is "
-                                                  "trained on once"))
+        image = {name: value for name, value in IMAGE_LEARNING.items()
+                 if not (continuous and name in CONTINUOUS_LEARNING)}
+        found.append(Choice(image, "image observations: the CNN's SGD is the bottleneck, each sample is trained on "
+                                   "once"))
+    if continuous:
+        found.append(Choice(dict(CONTINUOUS_LEARNING), "continuous actions: the Gaussian's learned std explores, an "
+                                                       "entropy bonus would keep it wide"))
     if has_images(info) and cpu_has_bf16():
-        found.append(Choice({"learner_bf16": True}, "image observations and a CPU with native bfloat16: the CNN's SGD "
-                                                    "runs faster in bfloat16"))
+        found.append(Choice({"learner_bf16": True, "inference_bf16": True},
+                            "image observations and a CPU with native bfloat16: the CNN's SGD and forward passes run "
+                            "faster in bfloat16"))
     sizing = None if info.step_seconds is None else sampler_sizing(cfg, info.step_seconds)
     return found + ([sizing] if sizing else [])
 

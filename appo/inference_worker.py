@@ -63,6 +63,8 @@ class InferenceWorker:
         self.device = resolve_device(cfg.device)
         self.traj = traj
         self.models = [ActorCritic(*spaces, cfg).to(self.device).eval() for _ in self.policies]
+        for model in self.models:
+            model.set_bf16_images(cfg.inference_bf16)
         # A self-play snapshot (acting id >= --num_policies) is attached at its first request: it may not exist yet.
         self.weights_names = weights_names
         self.weights: list[WeightsSubscriber | None] = [

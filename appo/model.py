@@ -297,7 +297,7 @@ class ObsEncoder(nn.Module):
         self.encoders = nn.ModuleDict({key: encoder_factory(cfg.encoder, s)(s, cfg) for key, s in spaces.items()})
         self.images = {key for key, s in spaces.items() if np.dtype(s.dtype) == np.uint8}
         self.out_size = sum(e.out_size for e in self.encoders.values())
-        self.bf16_images = False  # set by the learner (--learner_bf16)
+        self.bf16_images = False  # --learner_bf16 in the learner, --inference_bf16 in inference workers
 
     def forward(self, obs: ObsDict, norms: nn.ModuleDict | None) -> Tensor:
         features = []
@@ -305,7 +305,7 @@ class ObsEncoder(nn.Module):
             x = obs[key].float()
             if key in self.images:
                 x = x / 255.0
-                if self.bf16_images:  # learner on a CPU: only the encoder in bfloat16, its features back in float32
+                if self.bf16_images:  # on a CPU: only the encoder in bfloat16, its features back in float32
                     with torch.autocast("cpu", dtype=torch.bfloat16):
                         features.append(encoder(x).float())
                     continue
@@ -343,7 +343,7 @@ class ActorCritic(nn.Module):
         self.state_size = self.trunk_state_size * len(self.trunks)
 
     def set_bf16_images(self, enabled: bool) -> None:
-        """Run the image encoders under bfloat16 autocast on a CPU (the learner's --learner_bf16)."""
+        """Run the image encoders under bfloat16 autocast on a CPU (--learner_bf16, --inference_bf16)."""
         for trunk in self.trunks:
             trunk["encoder"].bf16_images = enabled
 

@@ -10,7 +10,7 @@ from appo import auto
 from appo.cfg import build_parser
 from envs import EnvInfo, env_info
 from tests.conftest import last_mean_reward
-from tests.space_envs import OBS, SpacesEnv
+from tests.space_envs import ACTIONS, OBS
 
 VECTOR, IMAGE = OBS["vector"], OBS["image"]
 
@@ -19,8 +19,8 @@ def cfg_of(*flags: str):
     return build_parser().parse_args(["--env=unused", *flags])
 
 
-def info(obs_space, step_seconds: float | None = 1e-5) -> EnvInfo:
-    return EnvInfo(obs_space, SpacesEnv().action_space, step_seconds=step_seconds)
+def info(obs_space, step_seconds: float | None = 1e-5, action: str = "discrete") -> EnvInfo:
+    return EnvInfo(obs_space, ACTIONS[action], step_seconds=step_seconds)
 
 
 def test_vector_observations_and_cheap_steps_keep_the_defaults():
@@ -39,6 +39,33 @@ def test_images_train_each_sample_once_unless_told_otherwise():
             assert getattr(cfg, name) == value
     assert any("--gamma=0.99" in line and "--ppo_epochs" not in line and "image observations" in line for line in lines)
     assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_images_run_the_cnn_in_bfloat16_where_the_cpu_has_it(monkeypatch, native):
+    monkeypatch.setattr(auto, "cpu_has_bf16", lambda: native)
+    cfg = cfg_of("--learner_bf16=False")
+    lines = auto.apply(cfg, {"learner_bf16"}, info(IMAGE))
+    assert (cfg.learner_bf16, cfg.inference_bf16) == (False, native)  # given on the command line: wins
+    assert any(line.startswith("auto: --inference_bf16=True (") for line in lines) == native
+    cfg = cfg_of()
+    auto.apply(cfg, set(), info(VECTOR))
+    assert not cfg.learner_bf16 and not cfg.inference_bf16
+
+
+@pytest.mark.parametrize("action,bonus", [("box", 0.0), ("tuple", None), ("discrete", None)])
+def test_continuous_actions_drop_the_entropy_bonus(action, bonus):
+    """Only when every action part is a Box; over the image rule's bonus too; a given coefficient wins."""
+    default = cfg_of().exploration_loss_coeff
+    for obs, otherwise in ((VECTOR, default), (IMAGE, auto.IMAGE_LEARNING["exploration_loss_coeff"])):
+        cfg = cfg_of()
+        lines = auto.apply(cfg, set(), info(obs, action=action))
+        assert cfg.exploration_loss_coeff == (otherwise if bonus is None else bonus)
+        assert any(line.startswith("auto: --exploration_loss_coeff=0.0 (continuous actions") for line in lines) == (
+            bonus is not None)
+    cfg = cfg_of("--exploration_loss_coeff=0.02")
+    auto.apply(cfg, {"exploration_loss_coeff"}, info(VECTOR, action=action))
+    assert cfg.exploration_loss_coeff == 0.02
 
 
 def test_a_given_encoder_is_not_announced():
@@ -77,7 +104,7 @@ def test_step_cost_is_measured():
 
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, "num_envs_per_worker", "actor_niceness"):
+    for name in (*auto.IMAGE_LEARNING, "num_envs_per_worker", "actor_niceness", "learner_bf16", "inference_bf16"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
 
 
