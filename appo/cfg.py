@@ -154,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
              + auto("learner_bf16"))
     add("--inference_bf16", type=str2bool, default=False,
         help="On a CPU, inference workers run image encoders under bfloat16 autocast, for faster forward passes "
-             "(docs/PERFORMANCE.md); actions are sampled from float32 "
-             "outputs. No effect on CUDA or on vector observations." + auto("inference_bf16"))
+             "(docs/PERFORMANCE.md); actions are sampled from float32 outputs. No effect on CUDA or on vector "
+             "observations." + auto("inference_bf16"))
     add("--max_policy_lag", type=int, default=100,
         help="Trajectories collected by a policy more than this many versions old are dropped and counted.")
 
