@@ -110,8 +110,8 @@ def choices(cfg: argparse.Namespace, info: EnvInfo) -> list[Choice]:
         for key, space in obs_spaces(info.obs_space).items():
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
-    continuous = continuous_actions(info)
-    if has_images(info):
+    images, continuous = has_images(info), continuous_actions(info)
+    if images:
         image = {name: value for name, value in IMAGE_LEARNING.items()
                  if not (continuous and name in CONTINUOUS_LEARNING)}
         found.append(Choice(image, "image observations: the CNN's SGD is the bottleneck, each sample is trained on "
@@ -119,7 +119,7 @@ def choices(cfg: argparse.Namespace, info: EnvInfo) -> list[Choice]:
     if continuous:
         found.append(Choice(dict(CONTINUOUS_LEARNING), "continuous actions: the Gaussian's learned std explores, an "
                                                        "entropy bonus would keep it wide"))
-    if has_images(info) and cpu_has_bf16():
+    if images and cpu_has_bf16():
         found.append(Choice({"learner_bf16": True, "inference_bf16": True},
                             "image observations and a CPU with native bfloat16: the CNN's SGD and forward passes run "
                             "faster in bfloat16"))
