@@ -23,40 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+# The events are the records the workers' reports carry (appo/messages.py).
+from appo.messages import CheckpointSaved, EpisodeEnd, Evaluation, LearnerIteration
 
-@dataclass(frozen=True)
-class EpisodeEnd:
-    policy: int
-    reward: float  # the episode's return (a multi-agent env: this agent's)
-    length: int
-    objective: float | None  # what PBT ranks by (--pbt_target_objective), when the episode reports it
-    extra: dict[str, float]  # the env's info["episode_extra_stats"]
-    env_steps: int  # the policy's env steps when the runner heard of it
-
-
-@dataclass(frozen=True)
-class LearnerIteration:
-    policy: int
-    version: int  # of the weights the iteration produced
-    env_steps: int
-    stats: dict[str, float]  # the iteration's mean losses, entropy, KL, ...
-
-
-@dataclass(frozen=True)
-class CheckpointSaved:
-    policy: int
-    path: str
-    version: int
-    env_steps: int
-    best: dict[str, Any] | None = None  # for checkpoint_p<policy>/best.pth: metric, value and the evaluation
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    policy: int
-    version: int
-    env_steps: int
-    results: dict[str, float]  # reward, reward_std, length, episodes and the env's episode metrics (means)
+__all__ = ["CheckpointSaved", "EpisodeEnd", "Evaluation", "Hooks", "LearnerIteration", "on_checkpoint",
+           "on_episode_end", "on_evaluation", "on_learner_iteration", "registered"]
 
 
 @dataclass

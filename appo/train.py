@@ -20,9 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from appo import auto
-from appo.buffers import Layout
-from appo.cfg import (
+from appo.config import auto
+from appo.config.cfg import (
     ConfigError,
     env_kwargs,
     experiment_dir,
@@ -32,7 +31,9 @@ from appo.cfg import (
     resolve,
     save_cfg,
 )
-from appo.checkpoint import (
+from appo.hooks import Hooks
+from appo.hooks import registered as registered_hooks
+from appo.learning.checkpoint import (
     checkpoint_dir,
     free_path,
     latest_intact_checkpoint,
@@ -40,9 +41,8 @@ from appo.checkpoint import (
     newest_checkpoints,
     parse_name,
 )
-from appo.hooks import Hooks
-from appo.hooks import registered as registered_hooks
-from appo.pbt import load_population
+from appo.memory.buffers import Layout
+from appo.population.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
@@ -259,7 +259,7 @@ def run(argv: list[str], hooks: Hooks | None = None) -> TrainResult:
     for note in notes:
         log.info("Resume override: %s", note)
 
-    from appo.runner import Runner
+    from appo.run.runner import Runner
 
     runner = Runner(cfg, info, exp_dir, initial_env_steps, registered_hooks + (hooks or Hooks()))
     outcome = runner.run()

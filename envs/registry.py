@@ -174,7 +174,7 @@ def _guarded_step_seconds(env: gym.Env, num_agents: int, limit_s: float = 5.0) -
 
 def measure_step_seconds(env: gym.Env, num_agents: int, budget_s: float = 0.2, max_steps: int = 100) -> float:
     """Mean wall time of env.step with random actions, over at most `budget_s` or `max_steps` (and at least one
-    step); resets are not counted. Read at start-up to size the sampler (appo/auto.py)."""
+    step); resets are not counted. Read at start-up to size the sampler (appo/config/auto.py)."""
     env.reset(seed=0)
     env.action_space.seed(0)
     stepping, steps, start = 0.0, 0, time.perf_counter()

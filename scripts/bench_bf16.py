@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from appo.cfg import build_parser  # noqa: E402
-from appo.model import ActorCritic  # noqa: E402
+from appo.config.cfg import build_parser  # noqa: E402
+from appo.learning.model import ActorCritic  # noqa: E402
 
 
 def seconds_per_call(fn, batch, calls: int) -> float:

@@ -2,7 +2,7 @@
 
 Each round measures both backends with the same flags: --backend=local, and --backend=ray on a fresh Ray cluster
 of this machine (ray.cluster_utils.Cluster: a head without CPUs and --nodes nodes; its start is not timed).
---measure=sampler: sampler-only frames/s on the sleep env with the same total number of actor workers.
+--measure=control: sampler-only frames/s on the sleep env with the same total number of actor workers.
 --measure=cartpole: seconds from launch to a mean CartPole reward of 475 at the default flags.
 The rounds alternate the backends; the script prints every run, the medians and their ratio, and can write them as
 JSON.
@@ -53,10 +53,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measure", choices=["sampler", "cartpole"], default="sampler")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=16, help="sampler: actor workers in total (both backends).")
-    parser.add_argument("--num_envs_per_worker", type=int, default=8, help="sampler: envs per actor worker.")
-    parser.add_argument("--step_seconds", type=float, default=0.001, help="sampler: the sleep env's step.")
-    parser.add_argument("--env_steps", type=int, default=600_000, help="sampler: measured env steps of each run.")
+    parser.add_argument("--workers", type=int, default=16, help="control: actor workers in total (both backends).")
+    parser.add_argument("--num_envs_per_worker", type=int, default=8, help="control: envs per actor worker.")
+    parser.add_argument("--step_seconds", type=float, default=0.001, help="control: the sleep env's step.")
+    parser.add_argument("--env_steps", type=int, default=600_000, help="control: measured env steps of each run.")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--node_cpus", type=int, default=os.cpu_count(),
                         help="Logical CPUs of each Ray node (they share this machine's cores).")

@@ -1,6 +1,6 @@
 """How often PBT's decisions lift a population out of a learning rate 100x too low, in a crude model.
 
-No trainer runs: the real `appo.pbt.decide` and `apply` act on four simulated policies whose progress per
+No trainer runs: the real `appo.population.pbt.decide` and `apply` act on four simulated policies whose progress per
 env step is proportional to their learning rate (CartPole at 1e-3 solves in about 250k steps; above 3e-3
 progress turns into damage) and whose objective is the CartPole-like reward of that progress with 2.5%
 noise. A replacement copies the donor's progress, as taking over its weights would. The model is only a
@@ -18,7 +18,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from appo import pbt  # noqa: E402
+from appo.population import pbt  # noqa: E402
 
 HYPERPARAMS = {"learning_rate": 1e-5, "exploration_loss_coeff": 0.003, "value_loss_coeff": 0.5,
                "ppo_clip_ratio": 0.1, "ppo_clip_value": 1.0, "max_grad_norm": 4.0, "gae_lambda": 0.95}

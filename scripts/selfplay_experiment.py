@@ -26,9 +26,9 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from time_to_solve import run_trainer  # noqa: E402
 
-from appo.cfg import build_parser, resolve  # noqa: E402
-from appo.model import ActorCritic  # noqa: E402
-from appo.trained_policy import TrainedPolicy, load_policy  # noqa: E402
+from appo.config.cfg import build_parser, resolve  # noqa: E402
+from appo.learning.model import ActorCritic  # noqa: E402
+from appo.tools.trained_policy import TrainedPolicy, load_policy  # noqa: E402
 from envs import env_info  # noqa: E402
 from envs.duel import evaluate  # noqa: E402
 

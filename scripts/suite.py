@@ -106,7 +106,7 @@ def curves(results: dict[str, list[Result]], train_dir: str, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from appo.plot import draw
+    from appo.tools.plot import draw
 
     columns = min(3, len(results))
     rows = math.ceil(len(results) / columns)

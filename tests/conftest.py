@@ -11,8 +11,10 @@ import psutil
 import pytest
 from faster_fifo import Queue
 
-from appo.buffers import Layout, SamplerState, TrajBuffers, unlink_segment
-from appo.cfg import build_parser, resolve
+from appo.config.cfg import build_parser, resolve
+from appo.memory.buffers import Layout, TrajBuffers
+from appo.memory.control import SharedControl
+from appo.memory.segments import unlink_segment
 from envs import make_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +91,7 @@ class LearnerRig:
         policies = self.cfg.num_policies
         snapshots = policies * self.cfg.self_play_opponents
         self.traj = TrajBuffers(self.layout)
-        self.sampler = SamplerState(self.layout, policies, num_snapshots=snapshots)
+        self.control = SharedControl(self.layout, policies, num_snapshots=snapshots)
         self.inboxes, self.actor_inbox = [Queue() for _ in range(policies)], Queue()
         self.names = [f"/appo_test_{os.getpid()}_p{p}" for p in range(policies + snapshots)]
         self.exp_dir = exp_dir
@@ -99,9 +101,9 @@ class LearnerRig:
         self.traj.rewards[:] = 1.0
 
     def learner(self, policy: int):
-        from appo.learner import Learner
+        from appo.learning.learner import Learner
 
-        return Learner(self.cfg, self.layout, self.spaces, policy, self.traj, self.sampler, self.inboxes,
+        return Learner(self.cfg, self.layout, self.spaces, policy, self.traj, self.control, self.inboxes,
                        [self.actor_inbox], Queue(), self.names, self.exp_dir)
 
 

@@ -10,9 +10,10 @@ import time
 import pytest
 from faster_fifo import Empty, Queue
 
-from appo.actor_worker import ActorWorker
-from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
-from appo.cfg import build_parser, env_kwargs, resolve
+from appo.config.cfg import build_parser, env_kwargs, resolve
+from appo.memory.buffers import TRUNCATED, Layout, TrajBuffers
+from appo.memory.control import SharedControl
+from appo.sampling.actor_worker import ActorWorker
 from envs import make_env
 from envs.registry import reward_shaping
 
@@ -26,10 +27,10 @@ def make_worker(*env_args: str, shaping: list[list[float]] | None = None):
     layout = Layout.from_cfg(cfg, env.observation_space, env.action_space)
     queues = {"inbox": Queue(), "inference": Queue(), "report": Queue()}
     learners = [Queue() for _ in range(cfg.num_policies)]
-    sampler = SamplerState(layout, cfg.num_policies, shaping_keys=tuple(reward_shaping(env)[0]))
+    control = SharedControl(layout, cfg.num_policies, shaping_keys=tuple(reward_shaping(env)[0]))
     if shaping is not None:
-        sampler.reward_shaping[:] = shaping
-    worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), sampler, queues["inbox"], [[queues["inference"]]],
+        control.runner.reward_shaping[:] = shaping
+    worker = ActorWorker(cfg, layout, 0, TrajBuffers(layout), control, queues["inbox"], [[queues["inference"]]],
                          learners, queues["report"])
     queues["learner"] = learners[0]
     worker.init_envs()
@@ -40,7 +41,7 @@ def make_worker(*env_args: str, shaping: list[list[float]] | None = None):
 
 def answer(worker, s: int) -> None:
     """Every policy asked by split s has answered (with the zero actions in the buffers)."""
-    worker.sampler.answer_count[:, worker.worker, s] = worker.sampler.request_count[:, worker.worker, s]
+    worker.control.inference.answer_count[:, worker.worker, s] = worker.control.actors.request_count[:, worker.worker, s]
 
 
 @pytest.mark.timeout(30)
@@ -48,36 +49,36 @@ def test_a_rollout_end_takes_slots_no_learner_owes_a_read():
     """The slots a learner still owes a read are not reused; once it clears them, the ending split takes them."""
     worker, layout, queues = make_worker()
     spare = worker._free_slots() + layout.worker_slots(0).start
-    worker.sampler.slot_owed[0, spare] = 1  # every spare slot is at the learner
+    worker.control.slot_owed[0, spare] = 1  # every spare slot is at the learner
     split = worker.splits[0]
     split.t = layout.rollout - 1
-    before = worker.sampler.cur_slot[0, 0].copy()
+    before = worker.control.actors.cur_slot[0, 0].copy()
     released = spare[:len(before)]
-    worker.sampler.slot_owed[0, released] = 0  # the learner has read these (and sends a wake-up)
+    worker.control.slot_owed[0, released] = 0  # the learner has read these (and sends a wake-up)
     queues["inbox"].put(("released",))
 
     answer(worker, 0)
     worker._step_split(0)
 
     assert split.t == 0 and not worker._answered(0)  # waits for the answer to its new request
-    assert sorted(worker.sampler.cur_slot[0, 0].tolist()) == sorted(released.tolist())
-    assert worker.sampler.slot_owed[0, before].all()  # the filled slots are owed to the learner now
+    assert sorted(worker.control.actors.cur_slot[0, 0].tolist()) == sorted(released.tolist())
+    assert worker.control.slot_owed[0, before].all()  # the filled slots are owed to the learner now
     kind, sent = queues["learner"].get(timeout=1)
     assert kind == "traj" and sorted(sent) == sorted(before.tolist())
-    assert worker.sampler.request_step[0, 0, 0] == 0
+    assert worker.control.actors.request_step[0, 0, 0] == 0
 
 
 @pytest.mark.timeout(30)
 def test_a_replacement_worker_never_takes_a_slot_a_learner_owes_a_read():
     """An actor started after a crash (same buffers) leaves alone the slots its predecessor sent to a learner."""
     worker, layout, queues = make_worker()
-    owed = worker.sampler.slot_owed[0]
+    owed = worker.control.slot_owed[0]
     sent = worker._free_slots()[:3] + layout.worker_slots(0).start
     owed[sent] = 1
-    replacement = ActorWorker(worker.cfg, layout, 0, worker.traj, worker.sampler, queues["inbox"],
+    replacement = ActorWorker(worker.cfg, layout, 0, worker.traj, worker.control, queues["inbox"],
                               [[queues["inference"]]], [queues["learner"]], queues["report"])
     replacement.init_envs()
-    in_use = worker.sampler.cur_slot[0].ravel()
+    in_use = worker.control.actors.cur_slot[0].ravel()
     assert set(in_use.tolist()).isdisjoint(sent.tolist())
     assert owed[sent].all()
 
@@ -86,7 +87,7 @@ def test_a_replacement_worker_never_takes_a_slot_a_learner_owes_a_read():
 def test_a_replacement_waits_for_slots_when_learners_owe_nearly_all_of_them():
     """Its predecessor died while the learners were behind: one split's worth of slots is free, not two."""
     worker, layout, queues = make_worker()
-    owed = worker.sampler.slot_owed[0]
+    owed = worker.control.slot_owed[0]
     slots = list(layout.worker_slots(0))
     owed[slots[layout.agents_per_split:]] = 1
     later = slots[-layout.agents_per_split:]
@@ -98,18 +99,18 @@ def test_a_replacement_waits_for_slots_when_learners_owe_nearly_all_of_them():
 
     catching_up = threading.Thread(target=learner_catches_up)
     catching_up.start()
-    replacement = ActorWorker(worker.cfg, layout, 0, worker.traj, worker.sampler, queues["inbox"],
+    replacement = ActorWorker(worker.cfg, layout, 0, worker.traj, worker.control, queues["inbox"],
                               [[queues["inference"]]], [queues["learner"]], queues["report"])
     replacement.init_envs()
     catching_up.join()
-    in_use = sorted(worker.sampler.cur_slot[0].ravel().tolist())
+    in_use = sorted(worker.control.actors.cur_slot[0].ravel().tolist())
     assert in_use == sorted(slots[:layout.agents_per_split] + later)
 
 
 @pytest.mark.timeout(30)
 def test_a_non_finite_reward_is_stored_as_zero_logged_once_and_counted(caplog):
     worker, layout, queues = make_worker()
-    slots = worker.sampler.cur_slot[0, 0].copy()
+    slots = worker.control.actors.cur_slot[0, 0].copy()
     env = worker.splits[0].envs[1]
     env.unwrapped.step = lambda action: (env.unwrapped.state, float("nan"), False, False, {})
     for _ in range(2):
@@ -126,17 +127,17 @@ def test_requests_wake_an_idle_inference_worker_only():
     worker, layout, queues = make_worker()
     answer(worker, 0)
     worker._step_split(0)  # inference busy: no message
-    worker.sampler.inference_idle[0, 0] = 1
+    worker.control.inference.idle[0, 0] = 1
     answer(worker, 1)
     worker._step_split(1)  # inference asleep: one wake-up
     assert queues["inference"].get_many(timeout=1) == [("wake",)]
-    assert list(worker.sampler.request_count[0, 0]) == [2, 2]
+    assert list(worker.control.actors.request_count[0, 0]) == [2, 2]
 
 
 @pytest.mark.timeout(30)
 def test_a_step_writes_rewards_dones_and_next_observations():
     worker, layout, queues = make_worker()
-    slots = worker.sampler.cur_slot[0, 1].copy()
+    slots = worker.control.actors.cur_slot[0, 1].copy()
     worker.traj.actions[slots, 0] = 1
     answer(worker, 1)
     worker._step_split(1)
@@ -169,11 +170,11 @@ def test_envs_play_with_their_policys_shaping_and_report_the_true_objective():
     pbt = ["--env=mountain_car_shaped", "--num_policies=2", "--with_pbt=True", "--agent_policy_mapping=episode"]
     worker, layout, queues = make_worker(*pbt, shaping=[[0.25], [0.75]])
     def shaping_of_envs():
-        return [(int(worker.sampler.agent_policy[0, s, i]), env.get_wrapper_attr("get_reward_shaping")())
+        return [(int(worker.control.actors.agent_policy[0, s, i]), env.get_wrapper_attr("get_reward_shaping")())
                 for s, split in enumerate(worker.splits) for i, env in enumerate(split.envs)]
     assert all(scheme == {"velocity_bonus": [0.25, 0.75][p]} for p, scheme in shaping_of_envs())
 
-    worker.sampler.reward_shaping[1] = [2.0]  # PBT moved policy 1's coefficient: envs take it at episode start
+    worker.control.runner.reward_shaping[1] = [2.0]  # PBT moved policy 1's coefficient: envs take it at episode start
     for _ in range(200):  # MountainCar's time limit; action 0 (push left) never reaches the goal
         for s in range(layout.num_splits):
             answer(worker, s)
@@ -181,7 +182,7 @@ def test_envs_play_with_their_policys_shaping_and_report_the_true_objective():
             for p, learner in enumerate(worker.learner_inboxes):  # the learners read the trajectories
                 with contextlib.suppress(Empty):
                     for _, slots in learner.get_many(block=False):
-                        worker.sampler.slot_owed[p, slots] = 0
+                        worker.control.slot_owed[p, slots] = 0
     assert len(worker.finished_episodes) == 4
     for _, reward, length, objective, extra in worker.finished_episodes:
         assert length == 200 and objective == 0.0  # the goal was not reached, whatever the shaped return

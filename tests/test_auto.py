@@ -1,4 +1,4 @@
-"""Defaults chosen from the task (appo/auto.py): which rule fires for which env, given flags win, the env's
+"""Defaults chosen from the task (appo/config/auto.py): which rule fires for which env, given flags win, the env's
 step cost is measured, and a real run logs and saves its choices."""
 
 import json
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from appo import auto
-from appo.cfg import build_parser
+from appo.config import auto
+from appo.config.cfg import build_parser
 from envs import EnvInfo, env_info
 from tests.conftest import last_mean_reward
 from tests.space_envs import ACTIONS, OBS

@@ -28,7 +28,7 @@ def existing_experiment(tmp_path):
     exp = train_dir / "exp"
     (exp / "checkpoint_p0").mkdir(parents=True)
     subprocess.run([sys.executable, "-c", (
-        "import sys; from appo.cfg import parse_args, save_cfg; "
+        "import sys; from appo.config.cfg import parse_args, save_cfg; "
         "cfg, _ = parse_args(['--env=CartPole-v1']); save_cfg(cfg, sys.argv[1])"), str(exp / "cfg.json")],
         cwd=REPO, check=True)
     (exp / "log.txt").write_text("earlier run\n")
@@ -127,7 +127,7 @@ def test_corrupt_pbt_population(tmp_path):
     exp = tmp_path / "exp"
     (exp / "pbt").mkdir(parents=True)
     subprocess.run([sys.executable, "-c", (
-        "import sys; from appo.cfg import parse_args, save_cfg; "
+        "import sys; from appo.config.cfg import parse_args, save_cfg; "
         "cfg, _ = parse_args(['--env=CartPole-v1', '--num_policies=2', '--with_pbt=True']); "
         "save_cfg(cfg, sys.argv[1])"),
         str(exp / "cfg.json")], cwd=REPO, check=True)
@@ -182,7 +182,7 @@ def test_help_explains_every_flag():
 
 
 def test_sample_factory_flag_names_are_accepted_and_count_as_given():
-    from appo.cfg import ConfigError, parse_args
+    from appo.config.cfg import ConfigError, parse_args
 
     cfg, given = parse_args(["--env=CartPole-v1", "--num_epochs", "4", "--num_batches_per_epoch=8", "--rnn_size=32",
                              "--restart_behavior=overwrite", "--device=gpu"])

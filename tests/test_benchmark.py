@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from appo.cfg import build_parser, resolve
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
-from appo.reporting import TIME_SHARES, Reports, diagnose
+from appo.config.cfg import build_parser, resolve
+from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from appo.run.reporting import TIME_SHARES, Reports, diagnose
 from tests.conftest import REPO
 
 TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]

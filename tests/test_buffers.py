@@ -7,7 +7,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from appo.buffers import Layout, SamplerState, TrajBuffers, shared_array
+from appo.memory.buffers import Layout, TrajBuffers, shared_array
+from appo.memory.control import SharedControl
 
 
 def small_layout(**overrides) -> Layout:
@@ -20,11 +21,11 @@ def small_layout(**overrides) -> Layout:
     return Layout.from_cfg(argparse.Namespace(**cfg), obs, gym.spaces.Box(-1, 1, (2,), np.float32))
 
 
-def _child_writes(traj: TrajBuffers, sampler: SamplerState) -> None:
+def _child_writes(traj: TrajBuffers, control: SharedControl) -> None:
     traj.write_obs(5, 2, np.arange(6, dtype=np.uint8).reshape(2, 3))
     traj.actions[5, 1] = [0.25, -0.5]
     traj.rnn_states[3, 4] = 7.0
-    sampler.cur_slot[1, 0, 1] = 5
+    control.actors.cur_slot[1, 0, 1] = 5
 
 
 def test_layout_sizes_and_ownership():
@@ -38,8 +39,8 @@ def test_layout_sizes_and_ownership():
 
 def test_writes_in_a_forked_child_are_seen_by_torch_views():
     layout = small_layout()
-    traj, sampler = TrajBuffers(layout), SamplerState(layout, 1)
-    child = multiprocessing.get_context("fork").Process(target=_child_writes, args=(traj, sampler))
+    traj, control = TrajBuffers(layout), SharedControl(layout, 1)
+    child = multiprocessing.get_context("fork").Process(target=_child_writes, args=(traj, control))
     child.start()
     child.join(timeout=30)
     assert child.exitcode == 0
@@ -49,7 +50,7 @@ def test_writes_in_a_forked_child_are_seen_by_torch_views():
     assert views["actions"][5, 1].tolist() == [0.25, -0.5]
     assert torch.all(views["rnn_states"][3, 4] == 7.0)
     # Fancy indexing by (slot, step) pairs, as inference does, finds the same cells.
-    slots = torch.from_numpy(sampler.cur_slot[1, 0, 1:2].copy())
+    slots = torch.from_numpy(control.actors.cur_slot[1, 0, 1:2].copy())
     assert views["obs"]["obs"][slots, torch.tensor([2])].tolist() == [[[0, 1, 2], [3, 4, 5]]]
     # And a torch write is visible through numpy (same memory, no copy).
     views["log_probs"][7, 3] = -1.5

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import appo.train as train
-from appo.cfg import ConfigError, parse_args, save_cfg
-from appo.checkpoint import (
+from appo.config.cfg import ConfigError, parse_args, save_cfg
+from appo.learning.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
     latest_intact_checkpoint,

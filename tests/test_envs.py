@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
 from tests.conftest import REPO, last_mean_reward
 from tests.space_envs import ACTIONS, OBS
 

@@ -14,9 +14,9 @@ import psutil
 import pytest
 import torch
 
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
-from appo.learner import MAX_CONSECUTIVE_SKIPPED, replace_nonfinite_
-from appo.supervisor import Supervisor
+from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
+from appo.learning.learner import MAX_CONSECUTIVE_SKIPPED, replace_nonfinite_
+from appo.run.supervisor import Supervisor
 from tests.conftest import last_mean_reward
 from utils.process import FatalError
 from utils.queues import make_queue
@@ -191,12 +191,12 @@ def test_a_replacement_learner_continues_from_the_published_weights_and_finds_ev
     learner = learner_rig.learner(0)
     slots = list(range(learner.trajs_per_iteration))
     learner_rig.traj.policy_ids[:] = 0
-    learner_rig.sampler.slot_owed[0, slots] = 1
+    learner_rig.control.slot_owed[0, slots] = 1
     learner._take(slots)
     learner.train_iteration(learner.pending[:len(slots)])
-    assert learner_rig.sampler.slot_owed[0, slots].sum() == 0  # read, so free for the actor again
+    assert learner_rig.control.slot_owed[0, slots].sum() == 0  # read, so free for the actor again
     owed = [slots[-1] + 1, slots[-1] + 2]
-    learner_rig.sampler.slot_owed[0, owed] = 1  # sent to the learner, which dies before reading them
+    learner_rig.control.slot_owed[0, owed] = 1  # sent to the learner, which dies before reading them
 
     replacement = learner_rig.learner(0)
     assert replacement.policy.version == learner.policy.version == 1
@@ -213,7 +213,7 @@ def test_a_replacement_learner_continues_from_the_published_weights_and_finds_ev
 
 def test_a_learner_reports_ready_so_that_a_later_crash_gets_it_replaced(learner_rig):
     learner = learner_rig.learner(0)
-    learner_rig.sampler.stop[0] = 1  # run() publishes, reports, and returns at once
+    learner_rig.control.runner.stop[0] = 1  # run() publishes, reports, and returns at once
     learner.run()
     assert ("ready", "learner_p0") in learner.report_queue.get_many(timeout=1)
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from appo import losses
+from appo.learning import losses
 
 
 def reference_gae(rewards, dones, values, bootstrap, gamma, lam):

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from appo import pbt
-from appo.cfg import build_parser
-from appo.checkpoint import latest_checkpoint, parse_name
+from appo.config.cfg import build_parser
+from appo.learning.checkpoint import latest_checkpoint, parse_name
+from appo.population import pbt
 
 
 def settings(**overrides) -> pbt.Settings:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
-from appo.ray_backend import plan_groups
+from appo.run.ray_backend import plan_groups
 from tests.conftest import last_mean_reward, processes_mentioning, shm_entries
 
 RAY_PROCESSES = ("raylet", "gcs_server", "plasma_store", "ray::", "default_worker.py", "log_monitor.py",

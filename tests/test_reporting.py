@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from appo.cfg import build_parser, resolve
-from appo.reporting import LINE_WIDTH, Reports
+from appo.config.cfg import build_parser, resolve
+from appo.run.reporting import LINE_WIDTH, Reports
 from tests.conftest import REPO, last_mean_reward
 
 PREFIX = "[10:00:00][MainProcess] "
@@ -176,7 +176,7 @@ def test_the_scripts_read_the_status(tmp_path):
 
 
 def test_ratings_line_and_final_table_fit(tmp_path):
-    from appo.ratings import Ratings
+    from appo.population.ratings import Ratings
 
     reports = make_reports(tmp_path, policies=4)
     fill(reports, [1.0] * 4)

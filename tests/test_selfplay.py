@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from appo.cfg import ConfigError, build_parser, resolve, validate
-from appo.learner import bootstrap_values, train_step
-from appo.losses import gae
-from appo.matchmaking import MappingError, Matchmaker, acting_name, learning_policy, num_acting_ids, snapshot_ids
-from appo.policy import Policy
-from appo.ratings import ELO_START, Ratings, elo_update, expected_score
+from appo.config.cfg import ConfigError, build_parser, resolve, validate
+from appo.learning.learner import bootstrap_values, train_step
+from appo.learning.losses import gae
+from appo.learning.policy import Policy
+from appo.population.matchmaking import (
+    MappingError,
+    Matchmaker,
+    acting_name,
+    learning_policy,
+    num_acting_ids,
+    snapshot_ids,
+)
+from appo.population.ratings import ELO_START, Ratings, elo_update, expected_score
 from tests.conftest import LearnerRig
 
 
@@ -169,7 +176,7 @@ def test_policy_snapshot_pool_rotates_and_is_saved():
 
 @pytest.fixture
 def self_play_rig(tmp_path):
-    from appo.buffers import unlink_segment
+    from appo.memory.segments import unlink_segment
 
     rig = LearnerRig(str(tmp_path), "--num_policies=1", "--self_play_opponents=2", "--self_play_snapshot_every=2")
     yield rig
@@ -185,27 +192,27 @@ def test_learner_publishes_snapshots_and_restores_them(self_play_rig):
 
     def train(iterations: int) -> None:
         for _ in range(iterations):
-            rig.sampler.slot_owed[0, slots] = 1
+            rig.control.slot_owed[0, slots] = 1
             learner.train_iteration(slots)
 
     train(5)
     assert learner.policy.version == 5
-    assert rig.sampler.policy_version.tolist() == [5, 2, 4]  # snapshots of versions 2 and 4 are served
+    assert rig.control.learners.policy_version.tolist() == [5, 2, 4]  # snapshots of versions 2 and 4 are served
     published = learner.snapshot_weights[1].read_frozen()
     for name, tensor in learner.policy.snapshots[1]["weights"].items():
         assert torch.equal(published[name], tensor)
     learner.save()  # its pool: versions 2 and 4
     train(2)
-    assert rig.sampler.policy_version.tolist() == [7, 6, 4]  # 6 replaced the oldest, 2
+    assert rig.control.learners.policy_version.tolist() == [7, 6, 4]  # 6 replaced the oldest, 2
 
     # A learner that replaces a dead one takes the pool from shared memory (newer than the checkpoint's).
     replacement = rig.learner(0)
     assert [s["version"] for s in replacement.policy.snapshots] == [6, 4]
     # A resumed run (fresh shared memory) publishes the checkpoint's pool again.
-    rig.sampler.policy_version[:] = -1
+    rig.control.learners.policy_version[:] = -1
     resumed = rig.learner(0)
     assert [s["version"] for s in resumed.policy.snapshots] == [2, 4]
-    assert rig.sampler.policy_version[1:].tolist() == [2, 4]
+    assert rig.control.learners.policy_version[1:].tolist() == [2, 4]
     assert torch.equal(resumed.snapshot_weights[1].read_frozen()[name], published[name])
 
 
@@ -224,7 +231,7 @@ def test_learner_trains_only_on_its_own_side(self_play_rig):
         if 0 < k < rollout:
             rig.traj.dones[slot, k - 1] = 1
     ids = rig.traj.policy_ids[slots].copy()
-    rig.sampler.slot_owed[0, slots] = 1
+    rig.control.slot_owed[0, slots] = 1
     steps_before = learner.policy.env_steps
     batch = learner._collect(slots)
     assert learner.policy.env_steps - steps_before == int((ids == 0).sum())

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from appo.checkpoint import latest_checkpoint
+from appo.learning.checkpoint import latest_checkpoint
 from tests.test_pbt_run import scalar_tags
 
 SELF_PLAY = ["--env=duel", "--experiment=sp", "--self_play_opponents=2", "--self_play_snapshot_every=2",

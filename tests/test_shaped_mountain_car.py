@@ -5,7 +5,7 @@ import random
 import gymnasium as gym
 import pytest
 
-from appo import pbt
+from appo.population import pbt
 from envs import env_info, make_env
 from envs.shaped_mountain_car import DEFAULT_PUSH_COST, DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
 

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from appo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
+from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
 from tests.conftest import last_mean_reward, shm_entries
 
 FAST = ["--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]

@@ -4,7 +4,7 @@ Acting ids. Requests for actions, weights and versions are indexed by an *acting
 are ids 0..P-1 (each with a learner), and with `--self_play_opponents=K` policy p's K snapshots are the ids
 P + p*K + k, k = 0..K-1. A snapshot has no learner: its learner writes its weights into the snapshot's slot of
 the pool every `--self_play_snapshot_every` versions (a ring: the oldest is overwritten), and inference workers
-serve it like any policy. `SamplerState.policy_version[id]` is -1 until a snapshot exists, then the version of
+serve it like any policy. `SharedControl.policy_version[id]` is -1 until a snapshot exists, then the version of
 the learning policy it was taken from.
 
 At every episode start `Matchmaker.draw` maps the agents of each env that starts one:
@@ -77,7 +77,7 @@ def load_mapping(spec: str) -> MappingFn:
 class Matchmaker:
     """Draws the acting ids of the agents of envs that start an episode (see the module docstring).
 
-    `policy_version` is the shared `SamplerState.policy_version`: a snapshot is drawn only once it exists."""
+    `policy_version` is the shared `SharedControl.policy_version`: a snapshot is drawn only once it exists."""
 
     def __init__(self, cfg: argparse.Namespace, num_agents: int, policy_version: np.ndarray,
                  rng: np.random.Generator):

@@ -5,7 +5,7 @@ its own trajectory slots, as on one machine. One process of the head, `cluster` 
 driver. It places a sampler group on the nodes (a Ray actor, `NodeSampler`) and then loops:
 
 - **pull**: it asks every group for the trajectories its actors finished, copies them into free head slots,
-  marks them owed (`SamplerState.slot_owed`) and tells the learners, as a local actor does. So the learners' rules
+  marks them owed (`SharedControl.slot_owed`) and tells the learners, as a local actor does. So the learners' rules
   apply unchanged: policy lag, dropping, back-pressure. The head's slots are one pool for all groups (sized as on
   one machine, so the groups left after a loss can still fill an iteration); a pull asks for no more trajectories
   than its share of the free slots not promised to another pull, and carries the head's `pause_collection` flags,
@@ -39,10 +39,10 @@ from argparse import Namespace
 import numpy as np
 from faster_fifo import Empty, Full
 
-from appo.buffers import (
-    Layout,
-    SamplerState,
-    TrajBuffers,
+from appo.config.topology import inference_shards
+from appo.memory.buffers import Layout, TrajBuffers
+from appo.memory.control import SharedControl
+from appo.memory.segments import (
     attach_segment,
     create_segment,
     read_weights,
@@ -51,10 +51,9 @@ from appo.buffers import (
     weights_segment_name,
     write_weights,
 )
-from appo.cfg import inference_groups
-from appo.matchmaking import num_acting_ids
-from appo.sampler_group import SamplerGroup
-from appo.supervisor import Supervisor
+from appo.population.matchmaking import num_acting_ids
+from appo.run.supervisor import Supervisor
+from appo.sampling.sampler_group import SamplerGroup
 from envs import EnvInfo
 from utils.logs import log
 from utils.process import FatalError, init_worker
@@ -92,8 +91,8 @@ class NodeSampler:
         self.cfg = node_cfg(cfg, head_layout, first_worker, num_workers)
         num_acting = num_acting_ids(cfg)
         self.traj = TrajBuffers(self.layout)
-        self.sampler = SamplerState(self.layout, cfg.num_policies,
-                                    (len(inference_groups(cfg)), self.cfg.policy_workers_per_policy), shaping_keys,
+        self.control = SharedControl(self.layout, cfg.num_policies,
+                                    (len(inference_shards(cfg)), self.cfg.policy_workers_per_policy), shaping_keys,
                                     num_snapshots=num_acting - cfg.num_policies)
         self.report_queue = make_queue(1_000_000)
         self.traj_hints = make_queue()  # the actors' ("traj", slots) messages, meant for learners
@@ -101,7 +100,7 @@ class NodeSampler:
         self.weights_names = [weights_segment_name(token, i) for i in range(num_acting)]
         self.weights: dict[int, np.ndarray] = {}  # acting id -> this node's weights segment
         self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
-        self.group = SamplerGroup(self.cfg, self.layout, spaces, self.traj, self.sampler,
+        self.group = SamplerGroup(self.cfg, self.layout, spaces, self.traj, self.control,
                                   [self.traj_hints] * cfg.num_policies, self.report_queue, self.weights_names)
         self.group.start(self.supervisor)
         self.reports: list[tuple] = []
@@ -119,13 +118,13 @@ class NodeSampler:
             segment = create_segment(self.weights_names[acting_id], flat.nbytes)
             self.weights[acting_id] = np.ndarray(flat.shape, np.float32, buffer=segment)
         view = self.weights[acting_id]
-        write_weights(self.sampler, acting_id, lambda: np.copyto(view, flat), version)
+        write_weights(self.control, acting_id, lambda: np.copyto(view, flat), version)
 
     def pull(self, pause: np.ndarray, shaping: np.ndarray, max_trajs: int) -> dict:
         """Up to `max_trajs` finished trajectories (waiting PULL_WAIT_S for the first), the reports since the last
         pull, and whether the group is ready or has failed. `pause` and `shaping` are the head's flags."""
-        self.sampler.pause_collection[:] = pause
-        self.sampler.reward_shaping[:] = shaping
+        self.control.learners.pause_collection[:] = pause
+        self.control.runner.reward_shaping[:] = shaping
         self._supervise()
         slots = self._owed_slots(max_trajs)
         batch = self._collect(slots) if len(slots) else None
@@ -136,7 +135,7 @@ class NodeSampler:
                 "restarts": self.supervisor.restart_counts()}
 
     def stop(self) -> None:
-        self.sampler.stop[0] = 1
+        self.control.runner.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + NODE_STOP_S - 1.0, self._drain_reports)
         for name in self.weights_names:
             unlink_segment(name)
@@ -157,7 +156,7 @@ class NodeSampler:
         while True:
             with contextlib.suppress(Empty):  # hints only wake this wait: the flags say what is owed
                 self.traj_hints.get_many(timeout=0.0)
-            slots = np.flatnonzero(self.sampler.slot_owed.any(axis=0))
+            slots = np.flatnonzero(self.control.slot_owed.any(axis=0))
             remaining = deadline - time.monotonic()
             if len(slots) or max_trajs <= 0 or remaining <= 0:
                 return slots[:max(max_trajs, 0)]
@@ -169,9 +168,9 @@ class NodeSampler:
         and wake the actors that own them."""
         batch = {name: getattr(self.traj, name)[slots] for name in TRAJ_FIELDS}
         batch["obs"] = {key: array[slots] for key, array in self.traj.obs.items()}
-        owed = self.sampler.slot_owed[:, slots].copy()
+        owed = self.control.slot_owed[:, slots].copy()
         policies, columns = np.nonzero(owed)
-        self.sampler.slot_owed[policies, slots[columns]] = 0
+        self.control.slot_owed[policies, slots[columns]] = 0
         batch["owed"] = owed
         for worker in {self.layout.worker_of_slot(int(slot)) for slot in slots}:
             with contextlib.suppress(Full):
@@ -229,9 +228,9 @@ class Group:
 class Cluster:
     """The head's Ray driver (module docstring)."""
 
-    def __init__(self, cfg: Namespace, layout: Layout, env: EnvInfo, traj: TrajBuffers, sampler: SamplerState,
+    def __init__(self, cfg: Namespace, layout: Layout, env: EnvInfo, traj: TrajBuffers, control: SharedControl,
                  learner_inboxes: list, inbox, report_queue, weights_names: list[str]):
-        self.cfg, self.layout, self.env, self.traj, self.sampler = cfg, layout, env, traj, sampler
+        self.cfg, self.layout, self.env, self.traj, self.control = cfg, layout, env, traj, control
         self.learner_inboxes, self.inbox, self.report_queue = learner_inboxes, inbox, report_queue
         self.weights_names = weights_names
         self.num_acting = num_acting_ids(cfg)
@@ -256,7 +255,7 @@ class Cluster:
         if not nodes:
             raise FatalError(f"the Ray cluster at {address or 'this machine'} has no node with a CPU to sample on")
         cpus = [n["Resources"]["CPU"] for n in nodes]
-        self.remote_sampler = ray.remote(max_restarts=0)(NodeSampler)
+        self.remote_control = ray.remote(max_restarts=0)(NodeSampler)
         for k, (first, count) in enumerate(plan_groups(self.cfg.num_workers, cpus, self.cfg.ray_workers_per_node)):
             group = Group(f"n{k}", first, count, num_cpus=min(count, min(cpus)))
             self.groups.append(group)
@@ -267,7 +266,7 @@ class Cluster:
     def _start(self, group: Group) -> None:
         spaces = (self.env.obs_space, self.env.action_space)
         group.actor = self.remote_sampler.options(num_cpus=group.num_cpus, scheduling_strategy="SPREAD").remote(
-            self.cfg, self.layout, spaces, self.sampler.shaping_keys, group.name, group.first_worker,
+            self.cfg, self.layout, spaces, self.control.runner.shaping_keys, group.name, group.first_worker,
             group.num_workers)
         group.started = group.actor.where.remote()
         group.running = group.ready = False
@@ -278,7 +277,7 @@ class Cluster:
         self.connect()
         last_report = time.monotonic()
         try:
-            while not self.sampler.stop[0]:
+            while not self.control.runner.stop[0]:
                 self._step()
                 now = time.monotonic()
                 if now - last_report >= 1.0:
@@ -300,8 +299,8 @@ class Cluster:
             share = unpromised // len(asking)
             for group in asking if share > 0 else []:
                 group.promised = share
-                group.pull = group.actor.pull.remote(self.sampler.pause_collection.copy(),
-                                                     self.sampler.reward_shaping.copy(), share)
+                group.pull = group.actor.pull.remote(self.control.learners.pause_collection.copy(),
+                                                     self.control.runner.reward_shaping.copy(), share)
         waiting = {}
         for group in self.groups:
             if group.started is not None:
@@ -381,7 +380,7 @@ class Cluster:
     # ---------------------------------------------------------------- data
     def _free_slots(self) -> np.ndarray:
         """Head slots that no learner owes a read (only this process fills them)."""
-        return np.flatnonzero(~self.sampler.slot_owed.any(axis=0))
+        return np.flatnonzero(~self.control.slot_owed.any(axis=0))
 
     def _import(self, group: Group, result: dict) -> None:
         for message in result["reports"]:
@@ -407,7 +406,7 @@ class Cluster:
         for policy in range(self.cfg.num_policies):  # flags first, then the hint (as an actor does)
             mine = slots[owed[policy] > 0]
             if len(mine):
-                self.sampler.slot_owed[policy, mine] = 1
+                self.control.slot_owed[policy, mine] = 1
                 with contextlib.suppress(Full):  # the learner's scan finds the slots anyway
                     self.learner_inboxes[policy].put_nowait(("traj", mine.tolist()))
 
@@ -417,14 +416,14 @@ class Cluster:
         import ray
 
         for acting_id in range(self.num_acting):
-            version = int(self.sampler.policy_version[acting_id])
+            version = int(self.control.learners.policy_version[acting_id])
             if version < 0:
                 continue
             if acting_id not in self.published or self.published[acting_id][0] != version:
                 if acting_id not in self.head_weights:
                     segment = attach_segment(self.weights_names[acting_id])
                     self.head_weights[acting_id] = np.ndarray((len(segment) // 4,), np.float32, buffer=segment)
-                flat = read_weights(self.sampler, acting_id, self.head_weights[acting_id].copy)
+                flat = read_weights(self.control, acting_id, self.head_weights[acting_id].copy)
                 self.published[acting_id] = (version, ray.put(flat), flat.nbytes)
             version, ref, nbytes = self.published[acting_id]
             for group in self.groups:
@@ -459,6 +458,6 @@ class Cluster:
         ray.shutdown()
 
 
-def run_cluster(cfg, layout, env, traj, sampler, learner_inboxes, inbox, report_queue, weights_names) -> None:
+def run_cluster(cfg, layout, env, traj, control, learner_inboxes, inbox, report_queue, weights_names) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
-    Cluster(cfg, layout, env, traj, sampler, learner_inboxes, inbox, report_queue, weights_names).run()
+    Cluster(cfg, layout, env, traj, control, learner_inboxes, inbox, report_queue, weights_names).run()

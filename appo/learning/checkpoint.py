@@ -18,7 +18,7 @@ import zipfile
 from utils.logs import log
 
 _NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pth$")
-# The best evaluated weights of a policy (appo/evaluator.py), next to its rolling checkpoints and never rotated.
+# The best evaluated weights of a policy (appo/learning/evaluator.py), next to its rolling checkpoints and never rotated.
 BEST_NAME = "best.pth"
 
 

@@ -20,22 +20,17 @@ from dataclasses import dataclass
 import psutil
 from faster_fifo import Empty, Full
 
-from appo import pbt
-from appo.buffers import (
-    Layout,
-    SamplerState,
-    TrajBuffers,
-    remove_orphan_segments,
-    unlink_segment,
-    weights_segment_name,
-)
-from appo.cfg import inference_groups, lockstep
-from appo.checkpoint import newest_checkpoints
+from appo.config.topology import inference_shards, lockstep
 from appo.hooks import CheckpointSaved, EpisodeEnd, Evaluation, Hooks, LearnerIteration
-from appo.matchmaking import num_acting_ids
-from appo.ratings import Ratings
-from appo.sampler_group import SamplerGroup
-from appo.supervisor import Supervisor
+from appo.learning.checkpoint import newest_checkpoints
+from appo.memory.buffers import Layout, TrajBuffers
+from appo.memory.control import SharedControl
+from appo.memory.segments import remove_orphan_segments, unlink_segment, weights_segment_name
+from appo.population import pbt
+from appo.population.matchmaking import num_acting_ids
+from appo.population.ratings import Ratings
+from appo.run.supervisor import Supervisor
+from appo.sampling.sampler_group import SamplerGroup
 from envs import EnvInfo
 from utils.logs import log
 from utils.queues import make_queue
@@ -54,15 +49,15 @@ class Outcome:
 
 class Runner:
     def __init__(self, cfg, env: EnvInfo, exp_dir: str, initial_env_steps: list[int], hooks: Hooks | None = None):
-        from appo.reporting import Reports
+        from appo.run.reporting import Reports
 
         self.cfg, self.env, self.exp_dir = cfg, env, exp_dir
         self.spaces = (env.obs_space, env.action_space)
         self.layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
         self.traj = TrajBuffers(self.layout)
         self.num_acting = num_acting_ids(cfg)  # policies and their self-play snapshots
-        self.sampler = SamplerState(self.layout, cfg.num_policies,
-                                    (len(inference_groups(cfg)), cfg.policy_workers_per_policy),
+        self.control = SharedControl(self.layout, cfg.num_policies,
+                                    (len(inference_shards(cfg)), cfg.policy_workers_per_policy),
                                     tuple(env.reward_shaping), num_snapshots=self.num_acting - cfg.num_policies)
         self.run_token = f"{os.getpid()}_{secrets.token_hex(3)}"
         # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each
@@ -72,7 +67,7 @@ class Runner:
         self.learner_inboxes = [make_queue() for _ in range(cfg.num_policies)]
         self.weights_names = [weights_segment_name(self.run_token, i) for i in range(self.num_acting)]
         if cfg.backend == "local":  # the sampler runs here, in these buffers
-            self.group = SamplerGroup(cfg, self.layout, self.spaces, self.traj, self.sampler, self.learner_inboxes,
+            self.group = SamplerGroup(cfg, self.layout, self.spaces, self.traj, self.control, self.learner_inboxes,
                                       self.report_queue, self.weights_names)
             self.actor_inboxes = self.group.actor_inboxes
         else:  # the nodes sample; the cluster process copies their trajectories into these slots (ray_backend.py)
@@ -85,7 +80,7 @@ class Runner:
         self.hooks = hooks or Hooks()
         self.hook_failure: str | None = None
         self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)
-        # Who beats whom, when games have players of different acting ids (appo/ratings.py); kept across resume.
+        # Who beats whom, when games have players of different acting ids (appo/population/ratings.py); kept across resume.
         self.ratings = Ratings.load(exp_dir) if env.num_agents > 1 and self.num_acting > 1 else None
         self.reports.ratings = self.ratings
         self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
@@ -119,23 +114,23 @@ class Runner:
         cfg, layout, weights_names = self.cfg, self.layout, self.weights_names
         # Each worker: how to start it (arguments taken at every start) and which flags in shared memory its
         # death may leave raised.
-        add, sampler = self.supervisor.add, self.sampler
+        add, control = self.supervisor.add, self.control
         for p in range(cfg.num_policies):
-            add(f"learner_p{p}", "appo.learner", "run_learner", lambda p=p: (
-                cfg, layout, self.spaces, p, self.traj, sampler, self.learner_inboxes, self.actor_inboxes,
+            add(f"learner_p{p}", "appo.learning.learner", "run_learner", lambda p=p: (
+                cfg, layout, self.spaces, p, self.traj, control, self.learner_inboxes, self.actor_inboxes,
                 self.report_queue, weights_names, self.exp_dir,
                 None if self.population is None else self.population[p].hyperparams,
                 bool(self.hooks.on_learner_iteration)),
-                cleanup=lambda p=p: sampler.pause_collection.__setitem__(p, 0), inbox=self.learner_inboxes[p])
+                cleanup=lambda p=p: control.learners.pause_collection.__setitem__(p, 0), inbox=self.learner_inboxes[p])
         if self.eval_inbox is not None:
-            add("evaluator", "appo.evaluator", "run_evaluator", lambda: (
-                cfg, self.spaces, self.env.num_agents, sampler, self.eval_inbox, self.report_queue, weights_names,
+            add("evaluator", "appo.learning.evaluator", "run_evaluator", lambda: (
+                cfg, self.spaces, self.env.num_agents, control, self.eval_inbox, self.report_queue, weights_names,
                 self.exp_dir), cleanup=lambda: None, inbox=self.eval_inbox)
         if self.group is not None:
             self.group.start(self.supervisor)
         else:
-            add("cluster", "appo.ray_backend", "run_cluster", lambda: (
-                cfg, layout, self.env, self.traj, sampler, self.learner_inboxes, self.cluster_inbox,
+            add("cluster", "appo.run.ray_backend", "run_cluster", lambda: (
+                cfg, layout, self.env, self.traj, control, self.learner_inboxes, self.cluster_inbox,
                 self.report_queue, weights_names), cleanup=lambda: None, inbox=self.cluster_inbox)
 
     # ---------------------------------------------------------------- main loop
@@ -168,7 +163,7 @@ class Runner:
         last_status = last_summary = start
         while True:
             self._drain_reports(timeout=0.05)
-            reports.tick(self.sampler.learner_env_steps)
+            reports.tick(self.control.learners.env_steps)
             now = time.monotonic()
             outcome = self._check_stop(now - start)
             if outcome is not None:
@@ -304,7 +299,7 @@ class Runner:
 
     # ---------------------------------------------------------------- population-based training
     def _pbt_step(self) -> None:
-        """Judge the policies whose period is up and carry out the decisions (see appo/pbt.py)."""
+        """Judge the policies whose period is up and carry out the decisions (see appo/population/pbt.py)."""
         reports = self.reports
         objectives = [reports.objective(p) for p in range(self.cfg.num_policies)]
         events = pbt.decide(reports.env_steps, objectives, self.population, self.pbt_settings, self.pbt_rng)
@@ -326,9 +321,9 @@ class Runner:
 
     def _publish_population(self) -> None:
         """Reward shaping to the actors (shared memory), hyper-parameters to the summaries and status line."""
-        keys = self.sampler.shaping_keys
+        keys = self.control.runner.shaping_keys
         for p, member in enumerate(self.population):
-            self.sampler.reward_shaping[p, :len(keys)] = [member.shaping[key] for key in keys]
+            self.control.runner.reward_shaping[p, :len(keys)] = [member.shaping[key] for key in keys]
         self.reports.hyperparams = [
             {**member.hyperparams, **{f"shaping_{key}": value for key, value in member.shaping.items()}}
             for member in self.population]
@@ -343,7 +338,7 @@ class Runner:
     # ---------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
         """Stop everyone (learners save a checkpoint), join with a deadline, free shared memory."""
-        self.sampler.stop[0] = 1
+        self.control.runner.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + SHUTDOWN_SECONDS, lambda: self._drain_reports(timeout=0.0))
         self._drain_reports(timeout=0.0)
         for i in range(self.num_acting):
@@ -355,7 +350,7 @@ class Runner:
 
     def write_benchmark(self) -> None:
         """Print the benchmark table and save it as benchmark.json (atomically)."""
-        from appo.reporting import format_benchmark
+        from appo.run.reporting import format_benchmark
 
         summary = self.reports.benchmark_summary(self.cfg.env)
         log.info("\n%s", format_benchmark(summary))

@@ -4,7 +4,7 @@ The learner process holds one `Policy` and trains it; population-based training 
 operations only: `set_hyperparams` (a new learning rate, loss coefficients, ...; applied from the next
 training iteration) and `adopt` (take over another policy's weights and optimizer state while keeping
 this policy's own hyper-parameters and an ever-increasing version). Self-play acts on it through
-`take_snapshot`: a frozen copy of the weights joins its opponent pool (appo/matchmaking.py), which is saved
+`take_snapshot`: a frozen copy of the weights joins its opponent pool (appo/population/matchmaking.py), which is saved
 with its checkpoints.
 """
 
@@ -14,8 +14,8 @@ import argparse
 
 import torch
 
-from appo.model import ActorCritic
-from appo.weights import frozen_weights
+from appo.learning.model import ActorCritic
+from appo.learning.weights import frozen_weights
 
 
 class Policy:

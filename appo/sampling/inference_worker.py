@@ -5,7 +5,7 @@ env-agents of that split acting for this policy have their observation at step t
 The worker finds every pending request of the actors it serves (`worker % --policy_workers_per_policy`),
 gathers their observations, runs each policy's model once, writes actions, log-probs, values, versions and
 next RNN states into the same slots, and bumps the answer counters; actors asleep get a wake-up message.
-A worker serves one policy, or with --shared_inference_workers every policy (`cfg.inference_groups`): with
+A worker serves one policy, or with --shared_inference_workers every policy (`cfg.inference_shards`): with
 several policies each split step asks every policy acting in it, and one process answering all of them
 saves a process wake-up per policy.
 
@@ -23,11 +23,12 @@ import numpy as np
 import torch
 from faster_fifo import Empty
 
-from appo.buffers import WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
-from appo.cfg import inference_groups, inference_name
-from appo.matchmaking import num_acting_ids
-from appo.model import ActorCritic
-from appo.weights import WeightsSubscriber
+from appo.config.topology import inference_name, inference_shards
+from appo.learning.model import ActorCritic
+from appo.learning.weights import WeightsSubscriber
+from appo.memory.buffers import WAKE_TIMEOUT_S, Layout, TrajBuffers
+from appo.memory.control import SharedControl
+from appo.population.matchmaking import num_acting_ids
 from utils.logs import log
 from utils.process import init_worker
 from utils.timing import Timing
@@ -48,17 +49,17 @@ class InferenceWorker:
     w % --policy_workers_per_policy == index: one forward pass per policy over every pending request."""
 
     def __init__(self, cfg, layout: Layout, spaces, group: int, index: int, traj: TrajBuffers,
-                 sampler: SamplerState, wake_queue, actor_inboxes: list, report_queue, weights_names: list[str]):
+                 control: SharedControl, wake_queue, actor_inboxes: list, report_queue, weights_names: list[str]):
         self.cfg, self.layout, self.group, self.index = cfg, layout, group, index
-        self.policies = inference_groups(cfg)[group]  # consecutive policy ids
+        self.policies = inference_shards(cfg)[group]  # consecutive policy ids
         self.name = inference_name(cfg, group, index)
-        self.sampler, self.wake_queue = sampler, wake_queue
+        self.control, self.wake_queue = control, wake_queue
         # The actors this worker serves, and views of their request and answer counters [policy, worker, split].
         k, served = cfg.policy_workers_per_policy, slice(self.policies[0], self.policies[-1] + 1)
         self.workers = np.arange(index, cfg.num_workers, k)
-        self.request_count = sampler.request_count[served, index::k]
-        self.answer_count = sampler.answer_count[served, index::k]
-        self.request_step = sampler.request_step[served, index::k]
+        self.request_count = control.actors.request_count[served, index::k]
+        self.answer_count = control.inference.answer_count[served, index::k]
+        self.request_step = control.actors.request_step[served, index::k]
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
         self.device = resolve_device(cfg.device)
         self.traj = traj
@@ -68,7 +69,7 @@ class InferenceWorker:
         # A self-play snapshot (acting id >= --num_policies) is attached at its first request: it may not exist yet.
         self.weights_names = weights_names
         self.weights: list[WeightsSubscriber | None] = [
-            WeightsSubscriber(model, weights_names[p], sampler, p) if p < cfg.num_policies else None
+            WeightsSubscriber(model, weights_names[p], control, p) if p < cfg.num_policies else None
             for model, p in zip(self.models, self.policies)]
         self.single_id = num_acting_ids(cfg) == 1
         self.generator = torch.Generator(self.device)
@@ -99,7 +100,7 @@ class InferenceWorker:
                 self.weights[local].update()
         self.report_queue.put(("ready", self.name))
         last_report = time.monotonic()
-        while not self.sampler.stop[0]:
+        while not self.control.runner.stop[0]:
             with self.timing.time("wait"):
                 requests = self._next_requests()
             if len(requests[0]):
@@ -116,7 +117,7 @@ class InferenceWorker:
     def _weights(self, local: int) -> WeightsSubscriber:
         if self.weights[local] is None:
             p = self.policies[local]
-            self.weights[local] = WeightsSubscriber(self.models[local], self.weights_names[p], self.sampler, p)
+            self.weights[local] = WeightsSubscriber(self.models[local], self.weights_names[p], self.control, p)
         return self.weights[local]
 
     def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -134,7 +135,7 @@ class InferenceWorker:
         ones. With none pending, sleep on the wake-up queue (actors send a wake-up while `inference_idle`)."""
         requests = self._pending()
         if not len(requests[0]):
-            idle = self.sampler.inference_idle[self.group]
+            idle = self.control.inference.idle[self.group]
             idle[self.index] = 1
             requests = self._pending()  # a request may have come before the flag was seen
             if not len(requests[0]):
@@ -154,11 +155,11 @@ class InferenceWorker:
         by acting id: a request of id k for split s covers the agents of s that id k acts for."""
         local, rows, splits = requests
         workers = self.workers[rows]
-        slots = self.sampler.cur_slot[workers, splits]  # [requests, agents per split]
+        slots = self.control.actors.cur_slot[workers, splits]  # [requests, agents per split]
         steps = np.repeat(self.request_step[local, rows, splits], slots.shape[1])
         if self.single_id:
             return slots.ravel(), steps, None
-        acting = self.sampler.agent_policy[workers, splits].ravel()
+        acting = self.control.actors.agent_policy[workers, splits].ravel()
         mine = acting == np.repeat(np.asarray(self.policies)[local], slots.shape[1])
         order = np.argsort(acting[mine], kind="stable")
         return slots.ravel()[mine][order], steps[mine][order], acting[mine][order]
@@ -223,7 +224,7 @@ class InferenceWorker:
         agents_per_env = self.layout.num_agents
         for slot in slots[bad_rows].tolist():
             worker = self.layout.worker_of_slot(slot)
-            where = np.argwhere(self.sampler.cur_slot[worker] == slot)
+            where = np.argwhere(self.control.actors.cur_slot[worker] == slot)
             if not len(where):
                 continue
             split, agent = where[0].tolist()
@@ -239,7 +240,7 @@ class InferenceWorker:
         local, rows, splits = requests
         self.answer_count[local, rows, splits] += 1  # publishes the results: written last
         workers = self.workers[rows]
-        for worker in set(workers[self.sampler.actor_waiting[workers] == 1].tolist()):
+        for worker in set(workers[self.control.actors.waiting[workers] == 1].tolist()):
             self.actor_inboxes[worker].put(("wake",))
         self.requests += self._streams(requests)
 
@@ -252,9 +253,9 @@ class InferenceWorker:
         self.samples = self.batches = self.requests = self.nonfinite = 0
 
 
-def run_inference_worker(cfg, layout, spaces, group, index, traj, sampler, wake_queue, actor_inboxes, report_queue,
+def run_inference_worker(cfg, layout, spaces, group, index, traj, control, wake_queue, actor_inboxes, report_queue,
                          weights_names) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(1)
-    InferenceWorker(cfg, layout, spaces, group, index, traj, sampler, wake_queue, actor_inboxes, report_queue,
+    InferenceWorker(cfg, layout, spaces, group, index, traj, control, wake_queue, actor_inboxes, report_queue,
                     weights_names).run()

@@ -1,8 +1,8 @@
 """Publishing a learner's weights to its inference workers through a shared-memory buffer.
 
 The learner copies its float state (parameters and buffers) into one flat named shared-memory
-segment guarded by a seqlock (`SamplerState.weights_seq`: odd while a copy is in progress), then
-bumps `SamplerState.policy_version`. Inference workers notice the version move on their next batch
+segment guarded by a seqlock (`SharedControl.weights_seq`: odd while a copy is in progress), then
+bumps `SharedControl.policy_version`. Inference workers notice the version move on their next batch
 and copy the weights in without blocking the learner; a torn copy is detected and retried.
 
 The segment outlives a learner that dies: its replacement attaches to it and starts from the weights
@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from appo.buffers import SamplerState, attach_segment, open_segment, read_weights, write_weights
+from appo.memory.control import SharedControl
+from appo.memory.segments import attach_segment, open_segment, read_weights, write_weights
 
 
 def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -49,10 +50,10 @@ class WeightsPublisher(_FlatWeights):
     """Learner side: owns the write end of one acting id's weights segment (its policy's, or a self-play
     snapshot's: then `publish_frozen` writes a snapshot taken of the same model)."""
 
-    def __init__(self, model: nn.Module, name: str, sampler: SamplerState, policy_id: int):
+    def __init__(self, model: nn.Module, name: str, control: SharedControl, policy_id: int):
         # The segment exists already when a predecessor of this learner made it (and may have published into it).
         super().__init__(model, open_segment(name, self.nbytes(model)))
-        self.sampler, self.policy_id = sampler, policy_id
+        self.control, self.policy_id = control, policy_id
 
     @torch.no_grad()
     def load_published(self) -> int | None:
@@ -63,7 +64,7 @@ class WeightsPublisher(_FlatWeights):
             return None
         for name, tensor in zip(self.names, self.tensors):
             tensor.copy_(frozen[name])
-        return int(self.sampler.policy_version[self.policy_id])
+        return int(self.control.learners.policy_version[self.policy_id])
 
     @torch.no_grad()
     def publish(self, version: int) -> None:
@@ -76,11 +77,11 @@ class WeightsPublisher(_FlatWeights):
     def read_frozen(self) -> dict[str, torch.Tensor] | None:
         """A `frozen_weights` copy of what was published last; None before the first publication, or after a
         writer died in the middle of one (the seqlock is left odd, and evened here)."""
-        seq = self.sampler.weights_seq
+        seq = self.control.learners.weights_seq
         if seq[self.policy_id] % 2:
             seq[self.policy_id] += 1
             return None
-        if self.sampler.policy_version[self.policy_id] < 0:
+        if self.control.learners.policy_version[self.policy_id] < 0:
             return None
         return {name: view.view_as(t).clone() for name, view, t in zip(self.names, self.views, self.tensors)}
 
@@ -90,28 +91,28 @@ class WeightsPublisher(_FlatWeights):
             for view, tensor in zip(self.views, tensors):
                 view.copy_(tensor.detach().reshape(-1))
 
-        write_weights(self.sampler, self.policy_id, copy_in, version)
+        write_weights(self.control, self.policy_id, copy_in, version)
 
 
 class WeightsSubscriber(_FlatWeights):
     """Inference side: copies newly published weights into the local model."""
 
-    def __init__(self, model: nn.Module, name: str, sampler: SamplerState, policy_id: int):
-        while sampler.policy_version[policy_id] < 0:  # the learner has not published yet
-            if sampler.stop[0]:
+    def __init__(self, model: nn.Module, name: str, control: SharedControl, policy_id: int):
+        while control.learners.policy_version[policy_id] < 0:  # the learner has not published yet
+            if control.runner.stop[0]:
                 raise SystemExit(0)
             time.sleep(0.01)
         super().__init__(model, attach_segment(name))
-        self.sampler, self.policy_id = sampler, policy_id
+        self.control, self.policy_id = control, policy_id
         self.version = -1
 
     @torch.no_grad()
     def update(self) -> bool:
         """Load the published weights if their version moved; True when new weights were loaded."""
-        version = int(self.sampler.policy_version[self.policy_id])
+        version = int(self.control.learners.policy_version[self.policy_id])
         if version == self.version:
             return False
-        snapshot = read_weights(self.sampler, self.policy_id, self.flat.clone)
+        snapshot = read_weights(self.control, self.policy_id, self.flat.clone)
         for view, tensor in zip(torch.split(snapshot, self.sizes), self.tensors):
             tensor.copy_(view.view_as(tensor))
         self.version = version

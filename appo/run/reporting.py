@@ -13,7 +13,8 @@ from collections import defaultdict, deque
 import numpy as np
 import psutil
 
-from appo.cfg import NO_BUDGET, inference_groups
+from appo.config.cfg import NO_BUDGET
+from appo.config.topology import inference_shards
 
 FPS_WINDOWS = (10, 60, 300)
 # Printed lines fit 120 columns with the log prefix "[HH:MM:SS][MainProcess] " (24 characters).
@@ -49,11 +50,11 @@ class Reports:
         # Per-episode objective PBT ranks by (--pbt_target_objective); emptied when a policy's weights are replaced.
         self.objectives = [deque(maxlen=cfg.stats_avg) for _ in range(self.num_policies)]
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
-        self.ratings = None  # appo.ratings.Ratings, set by the runner when games have players of different ids
+        self.ratings = None  # appo.population.ratings.Ratings, set by the runner when games have players of different ids
         self.show_objective = cfg.with_pbt or cfg.target_objective is not None
         # Per policy, each metric an env reports in info["episode_extra_stats"]: its last --stats_avg values.
         self.extra_stats: list[dict[str, deque]] = [{} for _ in range(self.num_policies)]
-        # Per policy, the newest evaluation (appo/evaluator.py): version, env_steps, results.
+        # Per policy, the newest evaluation (appo/learning/evaluator.py): version, env_steps, results.
         self.evaluations: list[dict | None] = [None] * self.num_policies
         # Faults the run survived, since it started: env exceptions, non-finite rewards and observations (set to
         # 0), learner updates skipped for a non-finite loss or gradient, and worker restarts per role.
@@ -196,7 +197,7 @@ class Reports:
 
     # ---------------------------------------------------------------- derived numbers
     def tick(self, learner_env_steps: np.ndarray | None = None) -> None:
-        """Called every runner loop; `learner_env_steps` (SamplerState.learner_env_steps, which learners set
+        """Called every runner loop; `learner_env_steps` (SharedControl.learner_env_steps, which learners set
         after every iteration) keeps the env-step counts current between the learners' reports."""
         self._append(self.frame_history, self.sampled_env_steps)
         if learner_env_steps is not None:
@@ -483,7 +484,7 @@ class Reports:
         wall = time.monotonic() - self.start
         seconds, env_steps, samples = self.measured()
         measured = max(seconds, 1e-9)
-        processes = {"actor": cfg.num_workers, "inference": len(inference_groups(cfg)) * cfg.policy_workers_per_policy,
+        processes = {"actor": cfg.num_workers, "inference": len(inference_shards(cfg)) * cfg.policy_workers_per_policy,
                      "learner": cfg.num_policies}
         shares = {}
         for component, keys in TIME_SHARES.items():

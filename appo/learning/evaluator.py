@@ -2,11 +2,11 @@
 
 Every `--eval_every_env_steps` of a policy's env steps the runner puts `("evaluate", policy)` in this
 process's inbox. The evaluator takes that policy's newest published weights (the shared memory inference
-reads, see appo/weights.py), plays `--eval_episodes` whole episodes with the most likely action, one per
+reads, see appo/learning/weights.py), plays `--eval_episodes` whole episodes with the most likely action, one per
 env of its own, all envs stepped together with one forward pass per step, and reports the mean return
 and length and the env's own episode metrics. Atari plays whole games with unclipped scores. Episode k of
 every evaluation starts from seed `EVAL_SEED + k`, so evaluations compare like with like, and
-`python -m appo.enjoy --checkpoint=best --deterministic --seed=1000000` replays the best one. When the
+`python -m appo.tools.enjoy --checkpoint=best --deterministic --seed=1000000` replays the best one. When the
 evaluation's `--save_best_metric` beats the policy's best so far, it writes the very weights it evaluated
 as `checkpoint_p<policy>/best.pth` (and `best.json`: metric, value, version, env steps), apart from the
 rolling checkpoints.
@@ -22,11 +22,11 @@ import math
 import torch
 from faster_fifo import Empty
 
-from appo.buffers import SamplerState
-from appo.checkpoint import checkpoint_dir, read_best, save_best
-from appo.model import ActorCritic
-from appo.trained_policy import TrainedPolicy, episode_env_kwargs, play, summarise
-from appo.weights import WeightsSubscriber
+from appo.learning.checkpoint import checkpoint_dir, read_best, save_best
+from appo.learning.model import ActorCritic
+from appo.learning.weights import WeightsSubscriber
+from appo.memory.control import SharedControl
+from appo.tools.trained_policy import TrainedPolicy, episode_env_kwargs, play, summarise
 from envs import make_env
 from utils.logs import log
 from utils.process import init_worker
@@ -37,10 +37,10 @@ MAX_STEPS = 1_000_000  # per evaluation: an episode still going then is not coun
 
 
 class Evaluator:
-    def __init__(self, cfg, spaces, num_agents: int, sampler: SamplerState, inbox, report_queue,
+    def __init__(self, cfg, spaces, num_agents: int, control: SharedControl, inbox, report_queue,
                  weights_names: list[str], exp_dir: str):
         self.cfg, self.spaces, self.num_agents = cfg, spaces, num_agents
-        self.sampler, self.inbox, self.report_queue = sampler, inbox, report_queue
+        self.control, self.inbox, self.report_queue = control, inbox, report_queue
         self.weights_names, self.exp_dir = weights_names, exp_dir
         # One env per episode: an evaluation steps them side by side, one forward pass per step for all.
         self.envs = [make_env(cfg.env, episode_env_kwargs(cfg)) for _ in range(cfg.eval_episodes)]
@@ -58,14 +58,14 @@ class Evaluator:
         """The policy's model on this process's CPU, attached to its published weights (made on first use)."""
         if p not in self.policies:
             model = ActorCritic(*self.spaces, self.cfg).to(self.device)
-            weights = WeightsSubscriber(model, self.weights_names[p], self.sampler, p)
+            weights = WeightsSubscriber(model, self.weights_names[p], self.control, p)
             self.policies[p] = (TrainedPolicy(model, self.cfg, *self.spaces, self.num_agents, self.device), weights)
         return self.policies[p]
 
     def evaluate(self, p: int) -> None:
         policy, weights = self._policy(p)
         weights.update()
-        policy.version, policy.env_steps = weights.version, int(self.sampler.learner_env_steps[p])
+        policy.version, policy.env_steps = weights.version, int(self.control.learners.env_steps[p])
         episodes = play(policy, self.envs, self.cfg.eval_episodes, True, MAX_STEPS, EVAL_SEED, log_episodes=False)
         if not episodes:
             log.warning("evaluation of policy %d: no episode ended within %d steps", p, MAX_STEPS)
@@ -99,7 +99,7 @@ class Evaluator:
 
     def run(self) -> None:
         self.report_queue.put(("ready", "evaluator"))
-        while not self.sampler.stop[0]:
+        while not self.control.runner.stop[0]:
             try:
                 messages = self.inbox.get_many(timeout=0.1)
             except Empty:
@@ -110,7 +110,7 @@ class Evaluator:
             env.close()
 
 
-def run_evaluator(cfg, spaces, num_agents, sampler, inbox, report_queue, weights_names, exp_dir) -> None:
+def run_evaluator(cfg, spaces, num_agents, control, inbox, report_queue, weights_names, exp_dir) -> None:
     init_worker(cfg, cpu=None, single_thread=True, extra_niceness=EVAL_NICENESS)
     torch.set_num_threads(1)
-    Evaluator(cfg, spaces, num_agents, sampler, inbox, report_queue, weights_names, exp_dir).run()
+    Evaluator(cfg, spaces, num_agents, control, inbox, report_queue, weights_names, exp_dir).run()

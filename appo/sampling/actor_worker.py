@@ -4,7 +4,7 @@ Each split writes observations straight into its trajectory slots, asks the infe
 policy acting in it for actions (by bumping a request counter in shared memory), and steps again when
 the answer counters catch up; meanwhile the other splits step (double buffering). Queue messages are
 only needed to wake a process that sleeps: an idle inference worker, or this actor when no split can
-step. After `--rollout` steps the filled slots go to the learners (`SamplerState.slot_owed`) and the split
+step. After `--rollout` steps the filled slots go to the learners (`SharedControl.slot_owed`) and the split
 moves onto slots no learner owes a read. All of this worker's state that others depend on lives in
 shared memory, so a replacement started by the runner after a crash carries on in the same buffers.
 This module never imports torch: it sees the shared buffers as numpy arrays.
@@ -22,17 +22,19 @@ import gymnasium as gym
 import numpy as np
 from faster_fifo import Empty, Full
 
-from appo.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, SamplerState, TrajBuffers
-from appo.cfg import env_kwargs, inference_group_of, lockstep, trajectories_per_iteration
-from appo.matchmaking import Matchmaker, acting_name, learning_policy, num_acting_ids
-from appo.spaces import SINGLE_KEY, to_env_action
+from appo.config.cfg import env_kwargs
+from appo.config.topology import inference_shard_of, lockstep, trajectories_per_iteration
+from appo.memory.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, TrajBuffers
+from appo.memory.control import MAKE, NO_CALL, RESET, STEP, SharedControl
+from appo.population.matchmaking import Matchmaker, acting_name, learning_policy, num_acting_ids
+from appo.sampling.spaces import SINGLE_KEY, to_env_action
 from envs import make_env
 from utils.logs import log
 from utils.process import init_worker
 from utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
-NO_CALL, MAKE, RESET, STEP = range(len(SamplerState.ENV_CALLS))
+
 
 
 def extra_stats(info: dict) -> dict[str, float]:
@@ -55,7 +57,7 @@ class Split:
         self.t = 0
         self.acting: list[int] = []  # policies asked for actions at the last request
         n = len(envs) * num_agents
-        self.slots = np.zeros(n, dtype=np.int64)  # a copy of SamplerState.cur_slot for this split
+        self.slots = np.zeros(n, dtype=np.int64)  # a copy of SharedControl.cur_slot for this split
         # Per env-agent views of its slot's observation rows [T+1, ...] (single Box observations only).
         self.obs_rows: list[np.ndarray] = []
         self.steps = 0  # steps this split made; an episode's length is steps - episode_start
@@ -64,21 +66,21 @@ class Split:
 
 
 class ActorWorker:
-    def __init__(self, cfg, layout: Layout, worker: int, traj: TrajBuffers, sampler: SamplerState,
+    def __init__(self, cfg, layout: Layout, worker: int, traj: TrajBuffers, control: SharedControl,
                  inbox, inference_queues: list[list], learner_inboxes: list, report_queue):
-        """`inference_queues[group][index]`: wake-up queues of the inference workers (cfg.inference_groups)."""
+        """`inference_queues[group][index]`: wake-up queues of the inference workers (cfg.inference_shards)."""
         self.cfg, self.layout, self.worker = cfg, layout, worker
         self.num_agents = layout.num_agents
         self.envs_per_split = layout.agents_per_split // layout.num_agents
         self.env_kwargs = env_kwargs(cfg)
-        self.traj, self.sampler = traj, sampler
+        self.traj, self.control = traj, control
         self.inbox = inbox
         # This worker is served by inference worker `worker % policy_workers_per_policy` of each policy.
         self.inference_index = worker % cfg.policy_workers_per_policy
         self.inference_queues = [queues[self.inference_index] for queues in inference_queues]  # per group
-        self.inference_group = inference_group_of(cfg)  # per policy
-        self.requested = sampler.request_count[:, worker]  # [policy, split] views
-        self.answered = sampler.answer_count[:, worker]
+        self.inference_group = inference_shard_of(cfg)  # per policy
+        self.requested = control.actors.request_count[:, worker]  # [policy, split] views
+        self.answered = control.inference.answer_count[:, worker]
         self.learner_inboxes, self.report_queue = learner_inboxes, report_queue
         self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 1000 * worker)
         self.slot_range = layout.worker_slots(worker)
@@ -89,14 +91,14 @@ class ActorWorker:
         self.errors_seen: set[str] = set()  # distinct env errors already logged with their traceback
         self.nonfinite_rewards = 0
         self.nonfinite_reported: set[tuple[int, int]] = set()  # (split, env) already reported
-        # What this worker is inside (SamplerState.ENV_CALLS), for the runner's hang detection.
-        self.call, self.call_env, self.call_since = sampler.actor_call, sampler.actor_call_env, sampler.actor_call_since
+        # What this worker is inside (appo/memory/control.py, ENV_CALLS), for the runner's hang detection.
+        self.call, self.call_env, self.call_since = control.actors.call, control.actors.call_env, control.actors.call_since
         # (policy, return, length, PBT objective or None, extra_stats) of the episodes finished since the last report
         self.finished_episodes: list[tuple[int, float, int, float | None, dict[str, float]]] = []
         # Multi-agent envs played by more than one acting id: (players' names, their returns) per game, for ratings.
         self.finished_games: list[tuple[list[str], list[float]]] = []
-        self.num_acting = num_acting_ids(cfg)  # policies and self-play snapshots (appo/matchmaking.py)
-        self.matchmaker = Matchmaker(cfg, layout.num_agents, sampler.policy_version, self.rng)
+        self.num_acting = num_acting_ids(cfg)  # policies and self-play snapshots (appo/population/matchmaking.py)
+        self.matchmaker = Matchmaker(cfg, layout.num_agents, control.learners.policy_version, self.rng)
         self.splits: list[Split] = []
         self.last_report = time.monotonic()
         self.lockstep = lockstep(cfg)
@@ -105,8 +107,8 @@ class ActorWorker:
         self.action_space: gym.Space | None = None
         self.plain_discrete = False
         self.single_obs: np.ndarray | None = None  # traj.obs' only array, when that is all the env observes
-        # Reward-shaping coefficients PBT sets per policy (sampler.reward_shaping); none without PBT.
-        self.shaping_keys = sampler.shaping_keys if cfg.with_pbt else ()
+        # Reward-shaping coefficients PBT sets per policy (control.runner.reward_shaping); none without PBT.
+        self.shaping_keys = control.runner.shaping_keys if cfg.with_pbt else ()
 
     # ---------------------------------------------------------------- set-up
     def _env_seed(self, split: int, index: int) -> int | None:
@@ -145,7 +147,7 @@ class ActorWorker:
 
     def init_envs(self) -> None:
         traj, agents, a = self.traj, self.layout.agents_per_split, self.num_agents
-        self.sampler.actor_waiting[self.worker] = 0  # a predecessor that crashed may have left it raised
+        self.control.actors.waiting[self.worker] = 0  # a predecessor that crashed may have left it raised
         self.splits = [Split([self._make_env(s, i) for i in range(agents // a)], a)
                        for s in range(self.layout.num_splits)]
         first = self.splits[0].envs[0]
@@ -155,9 +157,9 @@ class ActorWorker:
         self.single_obs = traj.obs[SINGLE_KEY] if a == 1 and isinstance(first.observation_space, gym.spaces.Box) \
             else None
         for s, split in enumerate(self.splits):
-            self.sampler.agent_policy[self.worker, s] = self._initial_policies(s, agents)
+            self.control.actors.agent_policy[self.worker, s] = self._initial_policies(s, agents)
             while len(self._free_slots()) < agents:  # a replacement for a worker that died while learners lagged
-                if self.sampler.stop[0]:
+                if self.control.runner.stop[0]:
                     raise SystemExit(0)
                 self._apply_messages(timeout=0.05)
             self._use_slots(s, self._take_slots(agents))
@@ -186,7 +188,7 @@ class ActorWorker:
             time.sleep(self.rng.uniform(0, self.cfg.decorrelate_experience_max_seconds))
         for s in range(len(self.splits)):
             self._request_actions(s)
-        while not self.sampler.stop[0]:
+        while not self.control.runner.stop[0]:
             stepped = False
             for s in range(len(self.splits)):
                 if self._answered(s):
@@ -208,10 +210,10 @@ class ActorWorker:
     def _sleep_until_answered(self) -> None:
         """Block on the inbox until an inference worker wakes this actor (or WAKE_TIMEOUT_S passes);
         slot releases that arrive meanwhile are applied."""
-        self.sampler.actor_waiting[self.worker] = 1
+        self.control.actors.waiting[self.worker] = 1
         if not any(self._answered(s) for s in range(len(self.splits))):  # an answer may predate the flag
             self._apply_messages(timeout=WAKE_TIMEOUT_S)
-        self.sampler.actor_waiting[self.worker] = 0
+        self.control.actors.waiting[self.worker] = 0
 
     def _apply_messages(self, timeout: float) -> None:
         """Sleep until a message comes (or the timeout passes). Messages are only wake-ups: from inference
@@ -296,7 +298,7 @@ class ActorWorker:
         split, traj, a = self.splits[s], self.traj, self.num_agents
         t = split.t
         codes = np.zeros(len(split.slots), dtype=np.uint8)
-        policies = self.sampler.agent_policy[self.worker, s]
+        policies = self.control.actors.agent_policy[self.worker, s]
         for i, code, info in ended:
             codes[i * a:(i + 1) * a] = code
             true_score = info.get("true_episode_reward")
@@ -339,13 +341,13 @@ class ActorWorker:
 
     def _apply_shaping(self, s: int, i: int) -> None:
         """Give env i of split s the reward-shaping scheme of the policy its first agent plays for."""
-        policy = learning_policy(self.cfg, int(self.sampler.agent_policy[self.worker, s, i * self.num_agents]))
-        scheme = dict(zip(self.shaping_keys, self.sampler.reward_shaping[policy].tolist()))
+        policy = learning_policy(self.cfg, int(self.control.actors.agent_policy[self.worker, s, i * self.num_agents]))
+        scheme = dict(zip(self.shaping_keys, self.control.runner.reward_shaping[policy].tolist()))
         self.splits[s].envs[i].get_wrapper_attr("set_reward_shaping")(scheme)
 
     def _redraw_policies(self, s: int, dones: np.ndarray, from_t: int) -> None:
         """New episodes draw their policy; the rest of their trajectory rows is theirs."""
-        policies = self.sampler.agent_policy[self.worker, s]
+        policies = self.control.actors.agent_policy[self.worker, s]
         policies[dones] = self.matchmaker.draw(int(dones.sum()) // self.num_agents)  # all agents of an env end together
         self.traj.policy_ids[self.splits[s].slots[dones], from_t:] = policies[dones, None]
 
@@ -390,17 +392,17 @@ class ActorWorker:
         """The policies acting for some env-agent of split s (np.unique costs ~150 us with cold caches)."""
         if self.num_acting == 1:
             return [0]
-        return sorted(set(self.sampler.agent_policy[self.worker, s].tolist()))
+        return sorted(set(self.control.actors.agent_policy[self.worker, s].tolist()))
 
     def _request_actions(self, s: int) -> None:
         """Ask every policy acting in split s for actions at its current step; wake the idle ones."""
-        split, sampler, w = self.splits[s], self.sampler, self.worker
+        split, control, w = self.splits[s], self.control, self.worker
         split.acting = self._acting_policies(s)
         for policy in split.acting:
-            sampler.request_step[policy, w, s] = split.t
-            sampler.request_count[policy, w, s] += 1  # publishes the request: written last
+            control.actors.request_step[policy, w, s] = split.t
+            control.actors.request_count[policy, w, s] += 1  # publishes the request: written last
             group = self.inference_group[policy]
-            if sampler.inference_idle[group, self.inference_index]:
+            if control.inference.idle[group, self.inference_index]:
                 with contextlib.suppress(Full):  # a full queue has wake-ups enough
                     self.inference_queues[group].put_nowait(("wake",))
 
@@ -410,10 +412,10 @@ class ActorWorker:
 
         The learner of every policy that acted in a slot owes it a read (`slot_owed`, set first); the message
         that follows only saves the learner from finding it by its periodic scan."""
-        traj, rollout, owed = self.traj, self.layout.rollout, self.sampler.slot_owed
+        traj, rollout, owed = self.traj, self.layout.rollout, self.control.slot_owed
         filled = self.splits[s].slots
         if self.trajs_sent == 0:
-            self.base_version = int(self.sampler.policy_version[0])
+            self.base_version = int(self.control.learners.policy_version[0])
         self.trajs_sent += len(filled)
         if self.num_acting == 1:
             sent = [(0, filled.tolist())]
@@ -442,8 +444,8 @@ class ActorWorker:
         split.slots = slots
         if self.single_obs is not None:
             split.obs_rows = [self.single_obs[slot] for slot in slots.tolist()]
-        self.sampler.cur_slot[self.worker, s] = slots
-        self.traj.policy_ids[slots] = self.sampler.agent_policy[self.worker, s][:, None]
+        self.control.actors.cur_slot[self.worker, s] = slots
+        self.traj.policy_ids[slots] = self.control.actors.agent_policy[self.worker, s][:, None]
         self.traj.dones[slots] = 0
 
     def _wait_for_slots(self, n: int, s: int) -> np.ndarray | None:
@@ -452,9 +454,9 @@ class ActorWorker:
         Returns None when the run stops while waiting."""
         policies = [learning_policy(self.cfg, p) for p in self._acting_policies(s)]
         start = time.perf_counter()
-        while (len(self._free_slots()) < n or self.sampler.pause_collection[policies].any()
+        while (len(self._free_slots()) < n or self.control.learners.pause_collection[policies].any()
                or self._learner_behind()):
-            if self.sampler.stop[0]:
+            if self.control.runner.stop[0]:
                 return None
             self._apply_messages(timeout=0.05)  # learners wake this worker when they release slots
             self._maybe_report()
@@ -466,11 +468,11 @@ class ActorWorker:
         if not self.lockstep:
             return False
         expected = self.base_version + self.trajs_sent // trajectories_per_iteration(self.cfg)
-        return int(self.sampler.policy_version[0]) < expected
+        return int(self.control.learners.policy_version[0]) < expected
 
     def _free_slots(self) -> np.ndarray:
         """This worker's slots that no split fills and no learner owes a read (indices into slot_range)."""
-        owed = self.sampler.slot_owed[:, self.slot_range.start:self.slot_range.stop]
+        owed = self.control.slot_owed[:, self.slot_range.start:self.slot_range.stop]
         return np.flatnonzero(~(owed.any(axis=0) | self.in_use))
 
     def _take_slots(self, n: int) -> np.ndarray:
@@ -506,9 +508,9 @@ class ActorWorker:
         self.finished_games = []
 
 
-def run_actor_worker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes,
+def run_actor_worker(cfg, layout, worker, traj, control, inbox, inference_queues, learner_inboxes,
                      report_queue) -> None:
     cpu = worker if cfg.set_workers_cpu_affinity else None
     init_worker(cfg, cpu=cpu, single_thread=cfg.force_envs_single_thread, extra_niceness=cfg.actor_niceness,
                 batch_scheduling=cfg.actor_sched_batch)
-    ActorWorker(cfg, layout, worker, traj, sampler, inbox, inference_queues, learner_inboxes, report_queue).run()
+    ActorWorker(cfg, layout, worker, traj, control, inbox, inference_queues, learner_inboxes, report_queue).run()

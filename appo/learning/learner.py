@@ -10,7 +10,7 @@ Non-finite values never reach the weights: non-finite observations and rewards i
 MAX_CONSECUTIVE_SKIPPED skipped updates stops the run, since the policy can no longer learn.
 
 A learner that dies is replaced by the runner; the replacement continues from the weights published last
-(see appo/weights.py), the optimizer state of the newest checkpoint, and every trajectory still owed to it.
+(see appo/learning/weights.py), the optimizer state of the newest checkpoint, and every trajectory still owed to it.
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ import torch
 from faster_fifo import Empty, Full
 from torch import Tensor
 
-from appo import losses
-from appo.buffers import TRUNCATED, Layout, SamplerState, TrajBuffers
-from appo.cfg import trajectories_per_iteration
-from appo.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
-from appo.inference_worker import resolve_device
-from appo.matchmaking import num_acting_ids, snapshot_ids
-from appo.model import ActorCritic
-from appo.pbt import pbt_dir
-from appo.policy import Policy
-from appo.weights import WeightsPublisher
+from appo.config.topology import trajectories_per_iteration
+from appo.learning import losses
+from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
+from appo.learning.model import ActorCritic
+from appo.learning.policy import Policy
+from appo.learning.weights import WeightsPublisher
+from appo.memory.buffers import TRUNCATED, Layout, TrajBuffers
+from appo.memory.control import SharedControl
+from appo.population.matchmaking import num_acting_ids, snapshot_ids
+from appo.population.pbt import pbt_dir
+from appo.sampling.inference_worker import resolve_device
 from utils.logs import log
 from utils.process import FatalError, init_worker
 from utils.timing import Timing
@@ -163,12 +164,12 @@ class Learner:
     """The process side of one policy: collects trajectories, calls the PPO update, publishes weights, and
     carries out what population-based training asks of it (see `_on_message`)."""
 
-    def __init__(self, cfg, layout: Layout, spaces, policy_id: int, traj: TrajBuffers, sampler: SamplerState,
+    def __init__(self, cfg, layout: Layout, spaces, policy_id: int, traj: TrajBuffers, control: SharedControl,
                  inboxes: list, actor_inboxes: list, report_queue, weights_names: list[str], exp_dir: str,
                  hyperparams: dict[str, float] | None = None, report_iterations: bool = False):
         """`weights_names[id]`: the weights segment of every acting id (this policy's and its snapshots' are used)."""
         self.cfg, self.layout, self.policy_id = cfg, layout, policy_id
-        self.sampler, self.inbox, self.learner_inboxes = sampler, inboxes[policy_id], inboxes
+        self.control, self.inbox, self.learner_inboxes = control, inboxes[policy_id], inboxes
         self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
         self.exp_dir = exp_dir
         self.report_iterations = report_iterations  # an "iteration" report per iteration (user hooks want them)
@@ -180,9 +181,9 @@ class Learner:
         self.policy = Policy(policy_id, cfg, spaces, self.device, hyperparams)
         self.policy.model.set_bf16_images(cfg.learner_bf16)
         checkpoint = self._load()
-        self.weights = WeightsPublisher(self.policy.model, weights_names[policy_id], sampler, policy_id)
+        self.weights = WeightsPublisher(self.policy.model, weights_names[policy_id], control, policy_id)
         # The self-play pool's segments: snapshot k of this policy is acting id snapshot_ids(cfg, policy_id)[k].
-        self.snapshot_weights = [WeightsPublisher(self.policy.model, weights_names[i], sampler, i)
+        self.snapshot_weights = [WeightsPublisher(self.policy.model, weights_names[i], control, i)
                                  for i in snapshot_ids(cfg, policy_id)]
         self._share_snapshots()
         self.trajs_per_iteration = trajectories_per_iteration(cfg)
@@ -196,19 +197,19 @@ class Learner:
         self.skipped_updates = 0  # non-finite loss or gradient, since the last report
         self.consecutive_skipped = 0
         self.nonfinite_inputs = 0
-        if sampler.policy_version[policy_id] >= 0:
+        if control.learners.policy_version[policy_id] >= 0:
             self._continue_predecessor(checkpoint)
         self._take_owed_slots()
 
     def _continue_predecessor(self, checkpoint: str | None) -> None:
         """This learner replaces one that died: take the weights it published last (newer than any checkpoint)
         and the counters it published, keep the checkpoint's optimizer state, and say what was lost."""
-        policy, sampler, p = self.policy, self.sampler, self.policy_id
+        policy, control, p = self.policy, self.control, self.policy_id
         published = self.weights.load_published()
         checkpoint_version = policy.version
-        policy.version = max(policy.version, int(sampler.policy_version[p])) + (published is None)
-        policy.env_steps = max(policy.env_steps, int(sampler.learner_env_steps[p]))
-        policy.train_steps = max(policy.train_steps, int(sampler.learner_train_steps[p]))
+        policy.version = max(policy.version, int(control.learners.policy_version[p])) + (published is None)
+        policy.env_steps = max(policy.env_steps, int(control.learners.env_steps[p]))
+        policy.train_steps = max(policy.train_steps, int(control.learners.train_steps[p]))
         weights = (f"the weights it published last (version {published})" if published is not None else
                    "the checkpoint's weights (it died while publishing)" if checkpoint else "fresh weights")
         optimizer = f"from checkpoint version {checkpoint_version}" if checkpoint else "fresh (no checkpoint yet)"
@@ -225,7 +226,7 @@ class Learner:
         for k, publisher in enumerate(self.snapshot_weights):
             published = publisher.read_frozen()
             if published is not None:
-                version = int(self.sampler.policy_version[publisher.policy_id])
+                version = int(self.control.learners.policy_version[publisher.policy_id])
                 self.policy.snapshots[k] = {"version": version, "weights": published}
             elif self.policy.snapshots[k] is not None:
                 publisher.publish_frozen(self.policy.snapshots[k]["weights"], self.policy.snapshots[k]["version"])
@@ -264,14 +265,14 @@ class Learner:
         # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
         backlog_limit = self.trajs_per_iteration + (
             self.cfg.num_minibatches_to_accumulate * self.cfg.batch_size // self.cfg.rollout)
-        while not self.sampler.stop[0]:
+        while not self.control.runner.stop[0]:
             with self.timing.time("wait"):
                 try:
                     for message in self.inbox.get_many(timeout=0.05):
                         self._on_message(message)
                 except Empty:
                     pass
-            self.sampler.pause_collection[self.policy_id] = len(self.pending) > backlog_limit
+            self.control.learners.pause_collection[self.policy_id] = len(self.pending) > backlog_limit
             # Past the env-step budget it only waits to be stopped, so a run ends at a repeatable version.
             if (len(self.pending) >= self.trajs_per_iteration
                     and self.policy.env_steps < self.cfg.train_for_env_steps):
@@ -311,9 +312,9 @@ class Learner:
     def _take(self, slots: list[int]) -> None:
         """Queue the slots this learner owes a read and has not queued yet (a message may repeat what a scan
         found, or name a slot already read)."""
-        owed = self.sampler.slot_owed[self.policy_id]
+        owed = self.control.slot_owed[self.policy_id]
         new = [slot for slot in slots if owed[slot] and slot not in self.pending_set]
-        if self.cfg.sampler_only:  # measuring the sampler: count and recycle at once
+        if self.cfg.sampler_only:  # measuring the control: count and recycle at once
             self._count_env_steps(torch.tensor(new, dtype=torch.long))
             self._release(new)
             return
@@ -322,7 +323,7 @@ class Learner:
 
     def _take_owed_slots(self) -> None:
         # A copy: actors set flags meanwhile, and numpy's nonzero fails if the count changes while it runs.
-        self._take(np.flatnonzero(self.sampler.slot_owed[self.policy_id].copy()).tolist())
+        self._take(np.flatnonzero(self.control.slot_owed[self.policy_id].copy()).tolist())
 
     # ---------------------------------------------------------------- population-based training
     def _export(self, receiver: int) -> None:
@@ -387,7 +388,7 @@ class Learner:
         """This learner has read the slots: clear what it owes and wake their actors (they may wait for slots)."""
         if not slots:
             return
-        self.sampler.slot_owed[self.policy_id, slots] = 0
+        self.control.slot_owed[self.policy_id, slots] = 0
         for worker in {self.layout.worker_of_slot(slot) for slot in slots}:
             with contextlib.suppress(Full):
                 self.actor_inboxes[worker].put_nowait(("released",))
@@ -425,8 +426,8 @@ class Learner:
             self.weights.publish(policy.version)
             if policy.snapshot_due():
                 self._take_snapshot()
-            self.sampler.learner_env_steps[self.policy_id] = policy.env_steps
-            self.sampler.learner_train_steps[self.policy_id] = policy.train_steps
+            self.control.learners.env_steps[self.policy_id] = policy.env_steps
+            self.control.learners.train_steps[self.policy_id] = policy.train_steps
         if marks is not None:  # this iteration's values are the ones after the marks
             stats = {key: float(np.mean(values[marks.get(key, 0):])) for key, values in self.stats.items()
                      if len(values) > marks.get(key, 0)}
@@ -457,15 +458,15 @@ class Learner:
             "skipped_updates": self.skipped_updates, "nonfinite_inputs": self.nonfinite_inputs,
             "device": str(self.device),
             "state": f"{len(self.pending)} trajectories pending (trains at {self.trajs_per_iteration}), "
-                     f"pause={int(self.sampler.pause_collection[self.policy_id])}",
+                     f"pause={int(self.control.learners.pause_collection[self.policy_id])}",
         }))
         self.stats.clear()
         self.samples = self.dropped = self.skipped_updates = self.nonfinite_inputs = 0
 
 
-def run_learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_names,
+def run_learner(cfg, layout, spaces, policy_id, traj, control, inboxes, actor_inboxes, report_queue, weights_names,
                 exp_dir, hyperparams, report_iterations) -> None:
     init_worker(cfg, cpu=None, single_thread=True)
     torch.set_num_threads(cfg.learner_torch_threads)
-    Learner(cfg, layout, spaces, policy_id, traj, sampler, inboxes, actor_inboxes, report_queue, weights_names,
+    Learner(cfg, layout, spaces, policy_id, traj, control, inboxes, actor_inboxes, report_queue, weights_names,
             exp_dir, hyperparams, report_iterations).run()

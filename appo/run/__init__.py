@@ -1,0 +1,2 @@
+"""The main process: the runner, the supervisor that replaces dead workers, the reports it aggregates and the
+Ray backend. Torch-free: workers are forked from it."""

@@ -1,0 +1,157 @@
+"""Watch or evaluate a trained policy in one process, without the trainer.
+
+    python -m appo.tools.enjoy --experiment=cartpole --episodes=10 --deterministic --save_video
+
+Loads the newest intact checkpoint (or `--checkpoint`) with the run's `cfg.json`, plays `--episodes`
+episodes and prints the mean and std of the return and length. `--save_video` writes an mp4 of the env's
+`render_mode="rgb_array"` frames (Atari: the full-resolution screen, not the 84x84 input), or of the
+observations when the env renders none but observes images. Multi-agent envs are played with every agent
+on the chosen `--policy`; an episode's return is the mean over its agents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import gymnasium as gym
+import numpy as np
+
+from appo.config.cfg import ConfigError, str2bool
+from appo.tools.trained_policy import (
+    Episode,
+    PolicyLoadError,
+    TrainedPolicy,
+    command_parser,
+    episode_env_kwargs,
+    load_policy,
+    play,
+    policy_source,
+    summarise,
+)
+from envs import EnvError, make_env
+from utils.logs import log, setup_logging
+from utils.process import EXIT_BAD_INPUT
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("python -m appo.tools.enjoy", __doc__, "Which policy of a multi-policy run plays.")
+    add = parser.add_argument
+    add("--episodes", type=int, default=10, help="Episodes to play.")
+    add("--deterministic", type=str2bool, nargs="?", const=True, default=False,
+        help="Take the most likely action instead of sampling one.")
+    add("--max_frames", type=int, default=1_000_000,
+        help="Stop after this many env steps in all, even before --episodes are done (an unfinished episode "
+             "is not counted).")
+    add("--save_video", type=str2bool, nargs="?", const=True, default=False, help="Write an mp4 of the episodes.")
+    add("--video_dir", type=str, default=None, help="Where the mp4 goes (default: <experiment dir>/videos).")
+    add("--fps", type=float, default=None,
+        help="Frames per second of the video (default: the env's render_fps over its frame skip, else 30).")
+    add("--seed", type=int, default=0, help="Episode k starts from seed SEED + k.")
+    add("--device", type=str, default="cpu", help="Torch device for the model.")
+    return parser
+
+
+class Recorder:
+    """Streams frames into an mp4 (imageio's ffmpeg writer): the env's rgb_array render, or the image
+    observation. Frames are written as they come, so a long video does not sit in memory."""
+
+    def __init__(self, env: gym.Env, from_render: bool, path: str, fps: float):
+        import imageio.v2 as imageio  # the ffmpeg writer comes with imageio-ffmpeg
+
+        self.env, self.from_render, self.path = env, from_render, path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.writer = imageio.get_writer(path, fps=fps, macro_block_size=2)
+        self.frames, self.size = 0, (0, 0)
+
+    def capture(self, obs) -> None:
+        frame = np.asarray(self.env.render() if self.from_render else image_from_obs(obs), dtype=np.uint8)
+        self.writer.append_data(frame)
+        self.frames, self.size = self.frames + 1, (frame.shape[1], frame.shape[0])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def image_from_obs(obs) -> np.ndarray:
+    """An RGB frame [H, W, 3] from an image observation: channels-last RGB as is, else the newest frame of a
+    (stacked) grayscale observation."""
+    image = np.asarray(obs.get("obs", next(iter(obs.values()))) if isinstance(obs, dict) else obs)
+    if image.ndim == 3 and image.shape[-1] == 3:
+        return image
+    frame = image[-1] if image.ndim == 3 else image  # channels first: the newest stacked frame
+    return np.repeat(frame[..., None], 3, axis=-1)
+
+
+def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | None
+                  ) -> tuple[gym.Env, Recorder | None]:
+    """The run's env (Atari: whole games with unclipped scores); with a video, asked to render rgb_array
+    frames, or observed as images when it cannot."""
+    kwargs = episode_env_kwargs(policy.cfg)
+    if video_path is None:
+        return make_env(policy.cfg.env, kwargs), None
+    try:
+        env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array")
+        if "rgb_array" in env.metadata.get("render_modes", []):
+            return env, Recorder(env, True, video_path, fps or video_fps(env))
+        env.close()
+    except TypeError:  # a make function without a render_mode argument
+        pass
+    env = make_env(policy.cfg.env, kwargs)
+    image = isinstance(policy.obs_space, gym.spaces.Box) and policy.obs_space.dtype == np.uint8
+    if not image:
+        env.close()
+        raise EnvError(f"--save_video: --env={policy.cfg.env} renders no rgb_array frames and does not observe "
+                       "images; play without --save_video")
+    return env, Recorder(env, False, video_path, fps or video_fps(env))
+
+
+def video_fps(env: gym.Env) -> float:
+    """Real time: the env's render_fps over the emulator frames one step advances (Atari's frame skip)."""
+    render_fps = env.metadata.get("render_fps")
+    return float(render_fps) / int(getattr(env, "frames_per_step", 1)) if render_fps else 30.0
+
+
+def summary(episodes: list[Episode]) -> str:
+    if not episodes:
+        return "no episode finished; raise --max_frames"
+    results = summarise(episodes)
+    return (f"{len(episodes)} episodes: return {results['reward']:.2f} ± {results['reward_std']:.2f}, "
+            f"length {results['length']:.1f} ± {results['length_std']:.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.episodes < 1 or args.max_frames < 1:
+            raise ConfigError("--episodes and --max_frames must be 1 or more")
+        source = policy_source(args)
+        setup_logging()
+        policy = load_policy(source, args.policy, args.device)
+        video_path = None
+        if args.save_video:
+            video_dir = args.video_dir or os.path.join(policy.exp_dir, "videos")
+            video_path = os.path.join(video_dir, f"policy{args.policy}_v{policy.version}.mp4")
+        env, recorder = make_play_env(policy, video_path, args.fps)
+    except (PolicyLoadError, ConfigError, EnvError) as exc:
+        print(f"appo.tools.enjoy: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    log.info("Playing policy %d of %s (version %d, %d env steps)", args.policy, policy.checkpoint, policy.version,
+             policy.env_steps)
+    try:
+        episodes = play(policy, [env], args.episodes, args.deterministic, args.max_frames, args.seed,
+                        None if recorder is None else recorder.capture)
+    finally:
+        env.close()
+        if recorder is not None:
+            recorder.close()
+    print(summary(episodes), flush=True)
+    if recorder is not None:
+        width, height = recorder.size
+        print(f"video: {recorder.path} ({recorder.frames} frames of {width}x{height})", flush=True)
+    return 0 if episodes else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
