@@ -14,7 +14,7 @@ from appo import load_policy
 from appo.config.cfg import parse_args, resolve, save_cfg
 from appo.learning.checkpoint import checkpoint_dir, save_checkpoint
 from appo.learning.policy import Policy
-from appo.sampling.spaces import obs_spaces
+from appo.spaces import obs_spaces
 from appo.tools.enjoy import image_from_obs
 from appo.tools.export import ExportedModel, example_inputs, export_policy, onnx_difference
 from appo.tools.trained_policy import PolicyLoadError

@@ -10,7 +10,7 @@ import torch
 from appo.config.cfg import build_parser, resolve
 from appo.learning.learner import forward_trajectories
 from appo.learning.model import ActionDistribution, ActorCritic, NatureCnn
-from appo.sampling.spaces import action_layout, action_spec, to_env_action
+from appo.spaces import action_layout, action_spec, to_env_action
 
 
 def make_cfg(**overrides):
@@ -129,7 +129,7 @@ def test_image_encoders(encoder):
                                             ((4, 84, 84), "nature_cnn"), ((36, 36, 3), "nature_cnn"),
                                             ((7,), "mlp")])
 def test_auto_encoder_fits_the_image_size(shape, expected):
-    from appo.sampling.spaces import auto_encoder
+    from appo.spaces import auto_encoder
 
     space = gym.spaces.Box(0, 255, shape, np.uint8)
     assert auto_encoder(space)[0] == expected

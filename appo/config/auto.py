@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from appo.sampling.spaces import action_spec, auto_encoder, obs_spaces
+from appo.spaces import action_spec, auto_encoder, obs_spaces
 from envs import EnvInfo
 
 COSTLY_STEP_S = 1e-4

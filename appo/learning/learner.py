@@ -28,6 +28,7 @@ from torch import Tensor
 from appo.config.topology import trajectories_per_iteration
 from appo.learning import losses
 from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
+from appo.learning.device import resolve_device
 from appo.learning.model import ActorCritic
 from appo.learning.policy import Policy
 from appo.learning.weights import WeightsPublisher
@@ -35,7 +36,6 @@ from appo.memory.buffers import TRUNCATED, Layout, TrajBuffers
 from appo.memory.control import SharedControl
 from appo.population.matchmaking import num_acting_ids, snapshot_ids
 from appo.population.pbt import pbt_dir
-from appo.sampling.inference_worker import resolve_device
 from utils.logs import log
 from utils.process import FatalError, init_worker
 from utils.timing import Timing

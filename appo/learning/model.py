@@ -2,7 +2,7 @@
 
 Inference calls `forward_step` on a batch of single steps; the learner calls `forward_sequence` on
 trajectories cut into chunks of `--recurrence` steps, resetting the recurrent state after episode ends
-exactly as the actors did while collecting. Observations are dicts of tensors (see `appo.sampling.spaces`).
+exactly as the actors did while collecting. Observations are dicts of tensors (see `appo.spaces`).
 
 Custom encoders: `register_encoder("name", factory)` where `factory(space, cfg)` returns an `nn.Module`
 with an `out_size` attribute, mapping a float tensor [batch, *space.shape] to [batch, out_size]; then
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from appo.sampling.spaces import action_spec, auto_encoder, obs_spaces
+from appo.spaces import action_spec, auto_encoder, obs_spaces
 
 ObsDict = dict[str, Tensor]
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from appo.sampling.spaces import action_layout, obs_as_dict, obs_dtype, obs_spaces
+from appo.spaces import action_layout, obs_as_dict, obs_dtype, obs_spaces
 
 # Done codes: the learner treats both as episode ends, and credits V(s_t) at a time-limit truncation.
 TERMINATED, TRUNCATED = 1, 2

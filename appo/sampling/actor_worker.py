@@ -27,7 +27,7 @@ from appo.config.topology import inference_shard_of, lockstep, trajectories_per_
 from appo.memory.buffers import TERMINATED, TRUNCATED, WAKE_TIMEOUT_S, Layout, TrajBuffers
 from appo.memory.control import MAKE, NO_CALL, RESET, STEP, SharedControl
 from appo.population.matchmaking import Matchmaker, acting_name, learning_policy, num_acting_ids
-from appo.sampling.spaces import SINGLE_KEY, to_env_action
+from appo.spaces import SINGLE_KEY, to_env_action
 from envs import make_env
 from utils.logs import log
 from utils.process import init_worker

@@ -24,6 +24,7 @@ import torch
 from faster_fifo import Empty
 
 from appo.config.topology import inference_name, inference_shards
+from appo.learning.device import resolve_device
 from appo.learning.model import ActorCritic
 from appo.learning.weights import WeightsSubscriber
 from appo.memory.buffers import WAKE_TIMEOUT_S, Layout, TrajBuffers
@@ -36,12 +37,6 @@ from utils.timing import Timing
 REPORT_INTERVAL_S = 1.0
 # A small batch waits at most this long for more requests (see InferenceWorker._next_requests).
 MAX_BATCH_WAIT_S = 0.002
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class InferenceWorker:

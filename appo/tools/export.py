@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from appo.config.cfg import ConfigError
 from appo.learning.model import ActorCritic
-from appo.sampling.spaces import obs_spaces
+from appo.spaces import obs_spaces
 from appo.tools.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
 from envs import EnvError
 from utils.process import EXIT_BAD_INPUT

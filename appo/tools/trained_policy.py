@@ -28,7 +28,7 @@ from appo.config.cfg import ConfigError, OneLineParser, build_parser, env_kwargs
 from appo.learning.checkpoint import BEST_NAME, checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.learning.model import ActorCritic
 from appo.sampling.actor_worker import extra_stats
-from appo.sampling.spaces import obs_as_dict, obs_spaces, to_env_action
+from appo.spaces import obs_as_dict, obs_spaces, to_env_action
 from envs import env_info
 from envs.atari import is_atari_name
 from utils.logs import log
