@@ -255,7 +255,7 @@ class Cluster:
         if not nodes:
             raise FatalError(f"the Ray cluster at {address or 'this machine'} has no node with a CPU to sample on")
         cpus = [n["Resources"]["CPU"] for n in nodes]
-        self.remote_control = ray.remote(max_restarts=0)(NodeSampler)
+        self.remote_sampler = ray.remote(max_restarts=0)(NodeSampler)
         for k, (first, count) in enumerate(plan_groups(self.cfg.num_workers, cpus, self.cfg.ray_workers_per_node)):
             group = Group(f"n{k}", first, count, num_cpus=min(count, min(cpus)))
             self.groups.append(group)
