@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
         globals()["train"] = train
         return train
     if name == "load_policy":
-        from appo.tools.trained_policy import load_policy
+        from appo.learning.trained_policy import load_policy
 
         return load_policy
     raise AttributeError(f"module 'appo' has no attribute {name!r}")

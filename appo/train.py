@@ -7,7 +7,6 @@ checkpoint is not such a problem: it is moved aside and the newest intact one is
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from typing import Any
 
 from appo.config import auto
 from appo.config.cfg import (
+    Config,
     ConfigError,
     env_kwargs,
     experiment_dir,
@@ -51,10 +51,10 @@ from utils.process import EXIT_BAD_INPUT
 BUDGET_FLAGS = ("train_for_env_steps", "train_for_seconds", "target_reward", "target_objective")
 
 
-def prepare(cfg: argparse.Namespace, given: set[str]
-            ) -> tuple[argparse.Namespace, EnvInfo, list[str], list[int]] | None:
-    """Validate everything, then (re)create the experiment dir. None means: already finished (and no budget flag
-    given that differs from the saved one; with one, the finished run is extended)."""
+def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], list[int]] | None:
+    """Validate everything, then (re)create the experiment dir; returns the run's final `Config` (resumed, with
+    the env's defaults, resolved). None means: already finished (and no budget flag given that differs from the
+    saved one; with one, the finished run is extended)."""
     check_platform()
     exp_dir = experiment_dir(cfg)
     notes: list[str] = []
@@ -63,7 +63,6 @@ def prepare(cfg: argparse.Namespace, given: set[str]
     if resuming:
         saved = load_saved_cfg(os.path.join(exp_dir, "cfg.json"))
         cfg, notes = merge_resumed(cfg, given, saved)
-        cfg.restart = False  # a saved --restart=True told the run that wrote cfg.json to start over, not this one
         if cfg.with_pbt:
             try:
                 load_population(exp_dir, cfg.num_policies)
@@ -76,7 +75,9 @@ def prepare(cfg: argparse.Namespace, given: set[str]
                 return None
     info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming)
     # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
-    auto_lines = [] if resuming else auto.apply(cfg, given, info)
+    auto_lines: list[str] = []
+    if not resuming:
+        cfg, auto_lines = auto.apply(cfg, given, info)
     cfg = resolve(cfg, info.num_agents)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
@@ -106,7 +107,7 @@ def prepare(cfg: argparse.Namespace, given: set[str]
     return cfg, info, notes, initial_env_steps
 
 
-def check_extension(cfg: argparse.Namespace, exp_dir: str, env_steps: int) -> None:
+def check_extension(cfg: Config, exp_dir: str, env_steps: int) -> None:
     """A finished run given a new budget must have steps left to train: a --train_for_env_steps at or below the
     env steps it already has would stop it again at once."""
     if env_steps >= cfg.train_for_env_steps:

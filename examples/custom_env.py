@@ -13,7 +13,7 @@ Train it by its module path (any process can then make it: the trainer, enjoy, e
     python -m appo.train --env=examples.custom_env:make_reach_target --experiment=reach --train_for_env_steps=150000
 
 or by the name this file registers, through this file as a launcher (`enjoy` and `export` as the first
-argument run appo.tools.enjoy or appo.tools.export instead, with the name registered there too):
+argument run appo.enjoy or appo.export instead, with the name registered there too):
 
     python examples/custom_env.py --env=reach_target --experiment=reach_named --train_for_env_steps=150000
     python examples/custom_env.py enjoy --experiment=reach_named --deterministic
@@ -127,9 +127,9 @@ def random_return(episodes: int = 200, seed: int = 0) -> float:
 if __name__ == "__main__":
     command, argv = (sys.argv[1], sys.argv[2:]) if sys.argv[1:2] in (["enjoy"], ["export"]) else ("train", sys.argv[1:])
     if command == "enjoy":
-        from appo.tools.enjoy import main
+        from appo.enjoy import main
     elif command == "export":
-        from appo.tools.export import main
+        from appo.export import main
     else:
         from appo.train import main
     sys.exit(main(argv))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from appo.config.cfg import build_parser  # noqa: E402
+from appo.config.cfg import make_config  # noqa: E402
 from appo.learning.model import ActorCritic  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = build_parser().parse_args(["--env=unused"])
+    cfg = make_config(env="unused")
     model = ActorCritic(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(4), cfg)
     optimizer = torch.optim.Adam(model.parameters(), 1e-4)
 

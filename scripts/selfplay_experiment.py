@@ -26,9 +26,9 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from time_to_solve import run_trainer  # noqa: E402
 
-from appo.config.cfg import build_parser, resolve  # noqa: E402
+from appo.config.cfg import parse_config  # noqa: E402
 from appo.learning.model import ActorCritic  # noqa: E402
-from appo.tools.trained_policy import TrainedPolicy, load_policy  # noqa: E402
+from appo.learning.trained_policy import TrainedPolicy, load_policy  # noqa: E402
 from envs import env_info  # noqa: E402
 from envs.duel import evaluate  # noqa: E402
 
@@ -36,7 +36,7 @@ POOL_FLAGS = ["--self_play_opponents=8", "--self_play_snapshot_every=50", "--sel
 
 
 def untrained_win_rate(seed: int, games: int) -> float:
-    cfg = resolve(build_parser().parse_args(["--env=duel"]), 2)
+    cfg = parse_config(["--env=duel"], num_agents=2)
     info = env_info("duel")
     torch.manual_seed(seed)
     model = ActorCritic(info.obs_space, info.action_space, cfg)

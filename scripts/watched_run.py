@@ -32,25 +32,38 @@ class Sample:
     reward: float | None
 
 
+class StatusReader:
+    """Turns the trainer's status lines into samples: env steps from a progress line, then the reward of the line
+    after it."""
+
+    def __init__(self):
+        self.samples: list[Sample] = []
+
+    def feed(self, line: str, t: float) -> None:
+        """One line of the trainer's output, read `t` seconds after launch."""
+        status = STATUS.search(line)
+        reward = REWARD.search(line)
+        if status:
+            self.samples.append(Sample(t, int(status.group(1)), None))
+        elif reward and self.samples:
+            self.samples[-1].reward = float(reward.group(1))
+
+
 class WatchedRun:
     def __init__(self, trainer_args: list[str]):
         self.launched = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", "appo.train", *trainer_args], stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
-        self.samples: list[Sample] = []
+        self.status = StatusReader()
+        self.samples = self.status.samples
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
             self.lines.append(line)
-            status = STATUS.search(line)
-            reward = REWARD.search(line)
-            if status:
-                self.samples.append(Sample(self.elapsed(), int(status.group(1)), None))
-            elif reward and self.samples:
-                self.samples[-1].reward = float(reward.group(1))
+            self.status.feed(line, self.elapsed())
 
     def elapsed(self) -> float:
         return time.monotonic() - self.launched

@@ -11,8 +11,9 @@ import psutil
 import pytest
 from faster_fifo import Queue
 
-from appo.config.cfg import build_parser, resolve
+from appo.config.cfg import parse_config
 from appo.memory.buffers import Layout, TrajBuffers
+from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.memory.segments import unlink_segment
 from envs import make_env
@@ -84,7 +85,7 @@ class LearnerRig:
                     "--rollout": "8", "--batch_size": "32", "--num_batches_per_iteration": "1", "--seed": "1",
                     "--device": "cpu"}
         defaults.update(flag.split("=", 1) for flag in flags)
-        self.cfg = resolve(build_parser().parse_args([f"{k}={v}" for k, v in defaults.items()]), num_agents=2)
+        self.cfg = parse_config([f"{k}={v}" for k, v in defaults.items()], num_agents=2)
         env = make_env(self.cfg.env)
         self.spaces = (env.observation_space, env.action_space)
         self.layout = Layout.from_cfg(self.cfg, *self.spaces)
@@ -92,9 +93,10 @@ class LearnerRig:
         snapshots = policies * self.cfg.self_play_opponents
         self.traj = TrajBuffers(self.layout)
         self.control = SharedControl(self.layout, policies, num_snapshots=snapshots)
-        self.inboxes, self.actor_inbox = [Queue() for _ in range(policies)], Queue()
         self.names = [f"/appo_test_{os.getpid()}_p{p}" for p in range(policies + snapshots)]
-        self.exp_dir = exp_dir
+        queues = Queues(report=Queue(), learner_inboxes=[Queue() for _ in range(policies)], actor_inboxes=[Queue()])
+        self.ctx = WorkerContext(self.cfg, self.layout, self.spaces, self.traj, self.control, queues, self.names,
+                                 exp_dir)
         rng = np.random.default_rng(0)
         self.traj.obs["obs"][:] = rng.normal(size=self.traj.obs["obs"].shape)
         self.traj.actions[:] = rng.integers(0, 2, size=self.traj.actions.shape)
@@ -103,8 +105,7 @@ class LearnerRig:
     def learner(self, policy: int):
         from appo.learning.learner import Learner
 
-        return Learner(self.cfg, self.layout, self.spaces, policy, self.traj, self.control, self.inboxes,
-                       [self.actor_inbox], Queue(), self.names, self.exp_dir)
+        return Learner(self.ctx, policy)
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from appo import load_policy
 from appo.config.cfg import parse_args, resolve, save_cfg
 from appo.learning.checkpoint import checkpoint_dir, save_checkpoint
 from appo.learning.policy import Policy
+from appo.learning.trained_policy import PolicyLoadError
 from appo.spaces import obs_spaces
 from appo.tools.enjoy import image_from_obs
 from appo.tools.export import ExportedModel, example_inputs, export_policy, onnx_difference
-from appo.tools.trained_policy import PolicyLoadError
 from appo.train import flag_value, train
 from envs import env_info
 
@@ -100,7 +100,7 @@ def test_enjoy_plays_and_writes_a_video(tmp_path):
 
     make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
     video_dir = tmp_path / "videos"
-    out = run_module("appo.tools.enjoy", f"--train_dir={tmp_path}", "--experiment=cartpole", "--episodes=2",
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=cartpole", "--episodes=2",
                      "--deterministic", "--save_video", f"--video_dir={video_dir}")
     assert out.returncode == 0, out.stderr
     summary = next(line for line in out.stdout.splitlines() if line.startswith("2 episodes: return"))
@@ -113,16 +113,16 @@ def test_enjoy_plays_and_writes_a_video(tmp_path):
 
 def test_enjoy_multi_agent_and_bad_input(tmp_path):
     make_experiment(tmp_path, "coop", "--env=coop_multi_agent")
-    out = run_module("appo.tools.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episodes=3")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episodes=3")
     assert out.returncode == 0, out.stderr
     assert "3 episodes: return" in out.stdout
-    out = run_module("appo.tools.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--save_video")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--save_video")
     assert out.returncode == 2 and "--save_video" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    out = run_module("appo.tools.enjoy", f"--train_dir={tmp_path}", "--experiment=missing")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=missing")
     assert out.returncode == 2 and "no such experiment" in out.stderr
-    out = run_module("appo.tools.enjoy", f"--train_dir={tmp_path}")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}")
     assert out.returncode == 2 and "--experiment (or --checkpoint=PATH) is required" in out.stderr
-    out = run_module("appo.tools.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episode=3")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episode=3")
     assert out.returncode == 2 and "--episode" in out.stderr  # no abbreviations
 
 
@@ -169,10 +169,10 @@ def test_torchscript_matches_torch(tmp_path):
 
 def test_export_command(tmp_path):
     make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
-    out = run_module("appo.tools.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=onnx")
+    out = run_module("appo.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=onnx")
     assert out.returncode == 0, out.stderr
     assert os.path.exists(tmp_path / "cartpole" / "export" / "policy0.onnx")
-    out = run_module("appo.tools.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=tflite")
+    out = run_module("appo.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=tflite")
     assert out.returncode == 2 and "--format" in out.stderr
 
 
@@ -232,14 +232,14 @@ def test_plot_groups_seeds_into_mean_and_range(tmp_path):
     assert grid[0] == 1000 and grid[-1] == 5000  # up to where the shortest run ends
     assert mean[0] == pytest.approx(10.0) and low[0] == 0.0 and high[0] == 20.0
 
-    out = run_module("appo.tools.plot", *runs, other, f"--out={tmp_path / 'curves.png'}", "--x=seconds")
+    out = run_module("appo.plot", *runs, other, f"--out={tmp_path / 'curves.png'}", "--x=seconds")
     assert out.returncode == 0, out.stderr
     import matplotlib.image
 
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[:2] == (500, 800)
-    out = run_module("appo.tools.plot", str(tmp_path / "missing"), f"--out={tmp_path / 'x.png'}")
+    out = run_module("appo.plot", str(tmp_path / "missing"), f"--out={tmp_path / 'x.png'}")
     assert out.returncode == 2 and "no tensorboard summaries" in out.stderr
-    out = run_module("appo.tools.plot", *runs, "--tag=episode/objective", f"--out={tmp_path / 'x.png'}")
+    out = run_module("appo.plot", *runs, "--tag=episode/objective", f"--out={tmp_path / 'x.png'}")
     assert out.returncode == 2 and "episode/reward" in out.stderr  # names the scalars it has
 
 
@@ -293,7 +293,7 @@ def test_evaluation_best_checkpoint_and_launcher_hooks(trainer):
     assert (policy.version, policy.env_steps) == (best["version"], best["env_steps"])
     assert f"checkpoint {best_path}" in out.stdout  # the hook heard of it
     # enjoy replays it: deterministic episodes on the evaluation's first seeds give the same mean return.
-    played = run_module("appo.tools.enjoy", f"--train_dir={trainer.train_dir}", "--experiment=evaluated",
+    played = run_module("appo.enjoy", f"--train_dir={trainer.train_dir}", "--experiment=evaluated",
                         "--checkpoint=best", "--episodes=3", "--deterministic", "--seed=1000000")
     assert played.returncode == 0, played.stderr
     assert f"return {best['value']:.2f}" in played.stdout

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from appo.config import auto
-from appo.config.cfg import build_parser
+from appo.config.cfg import build_parser, parse_args
 from envs import EnvInfo, env_info
 from tests.conftest import last_mean_reward
 from tests.space_envs import ACTIONS, OBS
@@ -16,7 +16,7 @@ VECTOR, IMAGE = OBS["vector"], OBS["image"]
 
 
 def cfg_of(*flags: str):
-    return build_parser().parse_args(["--env=unused", *flags])
+    return parse_args(["--env=unused", *flags])[0]
 
 
 def info(obs_space, step_seconds: float | None = 1e-5, action: str = "discrete") -> EnvInfo:
@@ -24,15 +24,15 @@ def info(obs_space, step_seconds: float | None = 1e-5, action: str = "discrete")
 
 
 def test_vector_observations_and_cheap_steps_keep_the_defaults():
-    cfg, defaults = cfg_of(), vars(cfg_of())
-    lines = auto.apply(cfg, set(), info(VECTOR))
-    assert vars(cfg) == defaults
+    cfg, defaults = cfg_of(), cfg_of()
+    cfg, lines = auto.apply(cfg, set(), info(VECTOR))
+    assert cfg == defaults
     assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
 
 
 def test_images_train_each_sample_once_unless_told_otherwise():
     cfg = cfg_of("--ppo_epochs=3")
-    lines = auto.apply(cfg, {"ppo_epochs"}, info(IMAGE))
+    cfg, lines = auto.apply(cfg, {"ppo_epochs"}, info(IMAGE))
     assert cfg.ppo_epochs == 3  # given on the command line: wins
     for name, value in auto.IMAGE_LEARNING.items():
         if name != "ppo_epochs":
@@ -45,11 +45,10 @@ def test_images_train_each_sample_once_unless_told_otherwise():
 def test_images_run_the_cnn_in_bfloat16_where_the_cpu_has_it(monkeypatch, native):
     monkeypatch.setattr(auto, "cpu_has_bf16", lambda: native)
     cfg = cfg_of("--learner_bf16=False")
-    lines = auto.apply(cfg, {"learner_bf16"}, info(IMAGE))
+    cfg, lines = auto.apply(cfg, {"learner_bf16"}, info(IMAGE))
     assert (cfg.learner_bf16, cfg.inference_bf16) == (False, native)  # given on the command line: wins
     assert any(line.startswith("auto: --inference_bf16=True (") for line in lines) == native
-    cfg = cfg_of()
-    auto.apply(cfg, set(), info(VECTOR))
+    cfg, _ = auto.apply(cfg_of(), set(), info(VECTOR))
     assert not cfg.learner_bf16 and not cfg.inference_bf16
 
 
@@ -58,25 +57,24 @@ def test_continuous_actions_drop_the_entropy_bonus(action, bonus):
     """Only when every action part is a Box; over the image rule's bonus too; a given coefficient wins."""
     default = cfg_of().exploration_loss_coeff
     for obs, otherwise in ((VECTOR, default), (IMAGE, auto.IMAGE_LEARNING["exploration_loss_coeff"])):
-        cfg = cfg_of()
-        lines = auto.apply(cfg, set(), info(obs, action=action))
+        cfg, lines = auto.apply(cfg_of(), set(), info(obs, action=action))
         assert cfg.exploration_loss_coeff == (otherwise if bonus is None else bonus)
         assert any(line.startswith("auto: --exploration_loss_coeff=0.0 (continuous actions") for line in lines) == (
             bonus is not None)
-    cfg = cfg_of("--exploration_loss_coeff=0.02")
-    auto.apply(cfg, {"exploration_loss_coeff"}, info(VECTOR, action=action))
+    cfg, _ = auto.apply(cfg_of("--exploration_loss_coeff=0.02"), {"exploration_loss_coeff"},
+                        info(VECTOR, action=action))
     assert cfg.exploration_loss_coeff == 0.02
 
 
 def test_a_given_encoder_is_not_announced():
-    assert auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR)) == []
+    assert auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR))[1] == []
 
 
 @pytest.mark.parametrize("workers,inference_workers,expected", [(2, 1, 32), (1, 1, 32), (4, 1, 16), (8, 2, 16),
                                                                  (64, 1, 8)])
 def test_costly_env_steps_size_the_inference_batch(workers, inference_workers, expected):
     cfg = cfg_of(f"--num_workers={workers}", f"--policy_workers_per_policy={inference_workers}")
-    lines = auto.apply(cfg, {"num_workers", "policy_workers_per_policy"}, info(VECTOR, step_seconds=5e-4))
+    cfg, lines = auto.apply(cfg, {"num_workers", "policy_workers_per_policy"}, info(VECTOR, step_seconds=5e-4))
     assert cfg.num_envs_per_worker == expected
     assert cfg.num_envs_per_worker % cfg.worker_num_splits == 0
     assert cfg.actor_niceness == auto.COSTLY_ACTOR_NICENESS
@@ -84,15 +82,14 @@ def test_costly_env_steps_size_the_inference_batch(workers, inference_workers, e
 
 
 def test_given_envs_per_worker_win_over_the_step_cost():
-    cfg = cfg_of("--num_envs_per_worker=6", "--actor_niceness=0")
-    assert auto.apply(cfg, {"num_envs_per_worker", "actor_niceness"}, info(VECTOR, step_seconds=5e-4)) == [
-        "auto: encoder mlp for observation 'obs' (5 vector)"]
+    cfg, lines = auto.apply(cfg_of("--num_envs_per_worker=6", "--actor_niceness=0"),
+                            {"num_envs_per_worker", "actor_niceness"}, info(VECTOR, step_seconds=5e-4))
+    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
     assert (cfg.num_envs_per_worker, cfg.actor_niceness) == (6, 0)
 
 
 def test_no_measurement_no_sizing():
-    cfg = cfg_of()
-    auto.apply(cfg, set(), info(VECTOR, step_seconds=None))
+    cfg, _ = auto.apply(cfg_of(), set(), info(VECTOR, step_seconds=None))
     assert cfg.num_envs_per_worker == cfg_of().num_envs_per_worker
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -170,15 +171,43 @@ def test_corrupt_checkpoint_is_not_bad_input_but_stays_in_place_when_the_input_i
         assert json.load(f)["env"] == "CartPole-v1"
 
 
+def help_entries(text: str) -> dict[str, str]:
+    """--help's text per flag: from the line that names it (`  --flag FLAG, --alias FLAG`) to the next flag's."""
+    entries: dict[str, str] = {}
+    flag = None
+    for line in text.splitlines():
+        if line.startswith("  --"):
+            flag = line.split()[0]
+            entries[flag] = ""
+        elif not line.startswith("  ") or line.startswith("  -h"):
+            flag = None
+        if flag is not None:
+            entries[flag] += line + "\n"
+    return entries
+
+
 @pytest.mark.timeout(60)
 def test_help_explains_every_flag():
+    """Every flag of the table has one entry in --help, and the entry holds the flag's own help text (not only
+    its name, which argparse prints anyway). That text is a sentence that says what the flag does, and leaves
+    measurements to docs/PERFORMANCE.md."""
+    from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, spec
+
     result = subprocess.run([sys.executable, "-m", "appo.train", "--help"], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0
+    entries = help_entries(result.stdout)
+    names = [*FLAG_NAMES, *COMMAND_LINE_ONLY]
+    assert sorted(entries) == sorted(f"--{name}" for name in names)
+    for name in names:
+        text = spec(name).help
+        assert text[0].isupper() and text.endswith(".") and len(text.split()) >= 4, (name, text)
+        assert not re.search(r"\d%|\d frames/s", text), (name, text)  # a measurement
+        assert "".join(text.split()) in "".join(entries[f"--{name}"].split()), name
     for flag in ("--num_workers", "--worker_num_splits", "--with_vtrace", "--max_policy_lag",
                  "--num_minibatches_to_accumulate", "--save_every_sec", "--device", "--with_pbt",
                  "--pbt_period_env_steps", "--pbt_replace_reward_gap", "--pbt_target_objective"):
-        assert flag in result.stdout
+        assert flag in result.stdout and flag in entries
 
 
 def test_sample_factory_flag_names_are_accepted_and_count_as_given():

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from appo.config.cfg import build_parser, resolve
+from appo.config.cfg import parse_config
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from appo.messages import ActorReport
 from appo.run.reporting import TIME_SHARES, Reports, diagnose
 from tests.conftest import REPO
 
@@ -107,12 +108,12 @@ def test_bench_scripts_run_end_to_end(tmp_path):
 
 
 def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):
-    cfg = resolve(build_parser().parse_args(["--env=CartPole-v1", "--num_workers=2", "--benchmark=True"]))
+    cfg = parse_config(["--env=CartPole-v1", "--num_workers=2", "--benchmark=True"])
     reports = Reports(cfg, str(tmp_path), [0])
 
     def report(worker: int, env_steps: int) -> None:
-        reports.on_actor(worker, {"state": "", "timing": {}, "env_steps": env_steps, "env_errors": 0, "nonfinite": 0,
-                                  "episodes": []})
+        reports.on_actor(ActorReport(worker=worker, env_steps=env_steps, episodes=[], games=[], timing={}, env_errors=0,
+                                     nonfinite=0, state=""))
 
     report(0, 5000)  # both actors' first reports cover their start-up second: not measured
     report(1, 5000)

@@ -1,12 +1,12 @@
 """Shared buffers: indexing round trips between numpy (actors) and torch (inference, learner) across fork."""
 
-import argparse
 import multiprocessing
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from appo.config.cfg import make_config
 from appo.memory.buffers import Layout, TrajBuffers, shared_array
 from appo.memory.control import SharedControl
 
@@ -18,7 +18,7 @@ def small_layout(**overrides) -> Layout:
                actor_critic_share_weights=True)
     cfg.update(overrides)
     obs = gym.spaces.Box(0, 255, (2, 3), np.uint8)
-    return Layout.from_cfg(argparse.Namespace(**cfg), obs, gym.spaces.Box(-1, 1, (2,), np.float32))
+    return Layout.from_cfg(make_config(env="CartPole-v1", **cfg), obs, gym.spaces.Box(-1, 1, (2,), np.float32))
 
 
 def _child_writes(traj: TrajBuffers, control: SharedControl) -> None:

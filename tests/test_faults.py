@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
-from appo.learning.learner import MAX_CONSECUTIVE_SKIPPED, replace_nonfinite_
+from appo.learning.learner import MAX_CONSECUTIVE_SKIPPED
+from appo.learning.ppo import replace_nonfinite_
+from appo.messages import SetHyperparams, WorkerFailed, WorkerReady
 from appo.run.supervisor import Supervisor
 from tests.conftest import last_mean_reward
 from utils.process import FatalError
@@ -168,10 +170,10 @@ def test_a_non_finite_loss_skips_the_update_and_a_run_of_them_is_fatal(learners)
     (learner, _), traj = learners
     slots = list(range(learner.trajs_per_iteration))
     traj.policy_ids[slots] = 0
-    learner.policy.cfg.value_loss_coeff = float("nan")  # every loss is NaN from here on
+    learner.on_message(SetHyperparams({"value_loss_coeff": float("nan")}))  # every loss is NaN from here on
     before = [p.detach().clone() for p in learner.policy.model.parameters()]
     learner.train_iteration(slots)
-    assert learner.skipped_updates > 0 and learner.policy.train_steps == 0
+    assert learner.counters.skipped_updates > 0 and learner.policy.train_steps == 0
     assert all(torch.equal(a, b) for a, b in zip(before, learner.policy.model.parameters()))
     with pytest.raises(FatalError, match="non-finite loss or gradient"):
         for _ in range(MAX_CONSECUTIVE_SKIPPED):
@@ -192,8 +194,8 @@ def test_a_replacement_learner_continues_from_the_published_weights_and_finds_ev
     slots = list(range(learner.trajs_per_iteration))
     learner_rig.traj.policy_ids[:] = 0
     learner_rig.control.slot_owed[0, slots] = 1
-    learner._take(slots)
-    learner.train_iteration(learner.pending[:len(slots)])
+    learner.on_message(slots)  # the actors' hint
+    learner.train_iteration(learner.owed.pop(len(slots)))
     assert learner_rig.control.slot_owed[0, slots].sum() == 0  # read, so free for the actor again
     owed = [slots[-1] + 1, slots[-1] + 2]
     learner_rig.control.slot_owed[0, owed] = 1  # sent to the learner, which dies before reading them
@@ -201,27 +203,27 @@ def test_a_replacement_learner_continues_from_the_published_weights_and_finds_ev
     replacement = learner_rig.learner(0)
     assert replacement.policy.version == learner.policy.version == 1
     assert replacement.policy.env_steps == learner.policy.env_steps > 0
-    assert replacement.pending == owed
+    assert replacement.owed.pending == owed
     obs = {"obs": torch.randn(5, 4)}
     rnn = torch.zeros(5, 1)
     with torch.no_grad():
         for a, b in zip(learner.policy.model.forward_step(obs, rnn), replacement.policy.model.forward_step(obs, rnn)):
             assert torch.equal(a, b)
-    replacement._take(owed)  # the actor's message arrives late: nothing is queued twice
-    assert replacement.pending == owed
+    replacement.on_message(owed)  # the actor's hint arrives late: nothing is queued twice
+    assert replacement.owed.pending == owed
 
 
 def test_a_learner_reports_ready_so_that_a_later_crash_gets_it_replaced(learner_rig):
     learner = learner_rig.learner(0)
     learner_rig.control.runner.stop[0] = 1  # run() publishes, reports, and returns at once
     learner.run()
-    assert ("ready", "learner_p0") in learner.report_queue.get_many(timeout=1)
+    assert WorkerReady("learner_p0") in learner_rig.ctx.queues.report.get_many(timeout=1)
 
 
 def crash(report_queue, name: str, ready: bool) -> None:
     """A worker that raises, after reporting ready or before (started by the supervisor test below)."""
     if ready:
-        report_queue.put(("ready", name))
+        report_queue.put(WorkerReady(name))
     raise RuntimeError("crashed on purpose")
 
 
@@ -233,11 +235,12 @@ def test_a_crash_after_ready_is_replaceable_and_one_before_is_permanent(ready):
     supervisor.add("actor_0", "tests.test_faults", "crash", lambda: (report_queue, "actor_0", ready),
                    cleanup=lambda: None, inbox=make_queue())
     supervisor.workers["actor_0"].process.join(10)
-    for kind, name, *rest in report_queue.get_many(timeout=1):
-        if kind == "ready":
-            supervisor.on_ready(name)
+    for message in report_queue.get_many(timeout=1):
+        if isinstance(message, WorkerReady):
+            supervisor.on_ready(message.name)
         else:
-            supervisor.on_error(name, rest[0], fatal=kind == "fatal")
+            assert isinstance(message, WorkerFailed) and not message.fatal
+            supervisor.on_failed(message)
     (death,) = supervisor.deaths()
     assert death.cause == "RuntimeError: crashed on purpose"
     assert death.permanent is not ready

@@ -122,7 +122,7 @@ def output_of(results: list[tuple[str, str]], start: str, nth: int = 0) -> str:
 
 
 def mean_return(output: str) -> float:
-    """The mean return of `appo.tools.enjoy`'s summary line: 'N episodes: return MEAN ± STD, length ...'."""
+    """The mean return of `appo.enjoy`'s summary line: 'N episodes: return MEAN ± STD, length ...'."""
     found = re.findall(r"\d+ episodes: return (-?[0-9.]+) ±", output)
     assert found, output[-2000:]
     return float(found[-1])
@@ -131,7 +131,7 @@ def mean_return(output: str) -> float:
 # ---------------------------------------------------------------- what each guide must show
 def check_custom_env(results, cwd):
     assert "env ok" in output_of(results, "python block")
-    trained = mean_return(output_of(results, "python -m appo.tools.enjoy --experiment=reach "))
+    trained = mean_return(output_of(results, "python -m appo.enjoy --experiment=reach "))
     random_play = float(re.search(r"random play: return (-?[0-9.]+)", output_of(results, "python -c")).group(1))
     assert trained > random_play + 1.0, (trained, random_play)  # about 1.65 against -0.42
     assert "Stopped: reached --train_for_env_steps=30000" in output_of(results, "python examples/custom_env.py --env")
@@ -150,8 +150,8 @@ def check_custom_metrics(results, cwd):
         best = json.load(f)
     assert best["metric"] == "reached" and best["value"] >= 0.9, best
     assert os.path.getsize(os.path.join(cwd, "reached.png")) > 0
-    assert "plot: reached.png" in output_of(results, "python -m appo.tools.plot")
-    assert f"return {best['results']['reward']:.2f}" in output_of(results, "python -m appo.tools.enjoy")
+    assert "plot: reached.png" in output_of(results, "python -m appo.plot")
+    assert f"return {best['results']['reward']:.2f}" in output_of(results, "python -m appo.enjoy")
     hooked = output_of(results, "python block")
     stats = re.search(r"final stats: (.*)", hooked).group(1)
     for name in ("reward", "reached", "final_distance", "unshaped_return"):
@@ -170,11 +170,11 @@ def check_python_api(results, cwd):
 
 def check_enjoy_export(results, cwd):
     exp_dir = os.path.join(cwd, "train_dir", "cartpole")
-    assert mean_return(output_of(results, "python -m appo.tools.enjoy")) > 100  # random play: about 22
-    video = output_of(results, "python -m appo.tools.enjoy", 1)
+    assert mean_return(output_of(results, "python -m appo.enjoy")) > 100  # random play: about 22
+    video = output_of(results, "python -m appo.enjoy", 1)
     assert re.search(r"video: \S+/policy0_v\d+\.mp4 \(\d+ frames of 600x400\)", video), video
     assert os.path.getsize(os.path.join(exp_dir, "export", "policy0.onnx")) > 0
-    assert "inputs obs; outputs action_params, values" in output_of(results, "python -m appo.tools.export --experiment")
+    assert "inputs obs; outputs action_params, values" in output_of(results, "python -m appo.export --experiment")
     assert os.path.getsize(os.path.join(cwd, "cartpole.pt")) > 0
     assert os.path.getsize(os.path.join(cwd, "curves.png")) > 0
     onnx_play = output_of(results, "python block", 0)

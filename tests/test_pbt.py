@@ -1,6 +1,7 @@
 """Population-based training apart from the processes: the decisions (pure functions), persistence, and
 the learner's side (hyper-parameters, taking over another policy) driven in-process with real buffers."""
 
+import dataclasses
 import json
 import os
 import random
@@ -8,8 +9,10 @@ import random
 import pytest
 import torch
 
-from appo.config.cfg import build_parser
+from appo.config.cfg import make_config
+from appo.config.hyperparams import Hyperparams
 from appo.learning.checkpoint import latest_checkpoint, parse_name
+from appo.messages import AdoptWeights, ExportWeights, SetHyperparams
 from appo.population import pbt
 
 
@@ -148,17 +151,32 @@ def test_mutation_rate_is_the_chance_of_each_value_moving():
     assert 0.25 < moved < 0.35
 
 
+def test_pbt_mutates_exactly_the_fields_of_hyperparams():
+    assert tuple(pbt.MUTABLE) == Hyperparams.names()
+
+
+def test_hyperparams_start_from_the_flags_and_change_only_by_copy():
+    cfg = make_config(env="CartPole-v1", learning_rate=1e-5, gamma=0.9)
+    flags = Hyperparams.from_cfg(cfg)
+    assert (flags.learning_rate, flags.gamma, flags.max_grad_norm) == (1e-5, 0.9, cfg.max_grad_norm)
+    changed = flags.updated({"learning_rate": 0.01})
+    assert changed.learning_rate == 0.01 and flags.learning_rate == 1e-5 and changed.gamma == 0.9
+    assert changed.as_dict() == {**flags.as_dict(), "learning_rate": 0.01}
+    with pytest.raises(ValueError, match="not a hyper-parameter PBT may change: rollout"):
+        flags.updated({"rollout": 8})
+
+
 def test_gamma_is_mutated_only_when_asked_and_grad_norm_only_when_clipping():
-    cfg = build_parser().parse_args(["--env=CartPole-v1"])
+    cfg = make_config(env="CartPole-v1")
     assert "gamma" not in pbt.mutable_names(cfg) and "max_grad_norm" in pbt.mutable_names(cfg)
-    cfg.pbt_optimize_gamma, cfg.max_grad_norm = True, 0.0
+    cfg = dataclasses.replace(cfg, pbt_optimize_gamma=True, max_grad_norm=0.0)
     assert "gamma" in pbt.mutable_names(cfg) and "max_grad_norm" not in pbt.mutable_names(cfg)
 
 
 # ---------------------------------------------------------------- persistence
 def test_population_round_trip_and_history(tmp_path):
     exp_dir = str(tmp_path)
-    cfg = build_parser().parse_args(["--env=CartPole-v1", "--num_policies=2", "--learning_rate=1e-5"])
+    cfg = make_config(env="CartPole-v1", num_policies=2, learning_rate=1e-5)
     population = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1}, {}, random.Random(0))
     assert population[0].hyperparams["learning_rate"] == 1e-5 and population[1].shaping == {"bonus": 0.1}
     events = pbt.decide([5000, 5000], [0.0, 50.0], population, settings(), random.Random(0))
@@ -167,7 +185,7 @@ def test_population_round_trip_and_history(tmp_path):
         pbt.append_history(exp_dir, event)
     pbt.save_population(exp_dir, population)
 
-    cfg.pbt_optimize_gamma = True  # a value the saved file lacks comes from the flags
+    cfg = dataclasses.replace(cfg, pbt_optimize_gamma=True)  # a value the saved file lacks comes from the flags
     restored = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1}, {"bonus": pbt.Bounds(0.1, 10, 0.1)},
                                       random.Random(0))  # a saved population is not spread again
     for saved, loaded in zip(population, restored):
@@ -183,7 +201,7 @@ def test_population_round_trip_and_history(tmp_path):
 
 
 def test_initial_population_spreads_only_declared_shaping():
-    cfg = build_parser().parse_args(["--env=CartPole-v1", "--num_policies=8", "--learning_rate=1e-5"])
+    cfg = make_config(env="CartPole-v1", num_policies=8, learning_rate=1e-5)
     bounds = pbt.shaping_bounds({"bonus": (0.1, 10.0), "signed": (-1.0, 1.0)})
     shaping = {"bonus": 0.3, "signed": 0.0, "fixed": 2.0}
     population = pbt.initial_members(cfg, 8, shaping, bounds, random.Random(0))
@@ -217,15 +235,16 @@ def fill(traj, slots: list[int], policy: int, version: int) -> None:
     traj.policy_versions[slots] = version
 
 
-def test_a_new_learning_rate_is_in_the_optimizer_after_the_next_iteration(learners):
+def test_a_new_learning_rate_is_in_the_optimizer_after_the_next_iteration(learners, learner_rig):
     (learner, _), traj = learners
     slots = list(range(learner.trajs_per_iteration))
     fill(traj, slots, 0, 0)
-    learner._on_message(("hyperparams", {"learning_rate": 0.0123, "ppo_clip_ratio": 0.3}))
+    learner.on_message(SetHyperparams({"learning_rate": 0.0123, "ppo_clip_ratio": 0.3}))
     before = [p.detach().clone() for p in learner.policy.model.parameters()]
     learner.train_iteration(slots)
     assert learner.policy.optimizer.param_groups[0]["lr"] == 0.0123
-    assert learner.policy.cfg.ppo_clip_ratio == 0.3 and learner.cfg.ppo_clip_ratio == 0.1  # the run's flags stay
+    assert learner.policy.hyperparams.ppo_clip_ratio == 0.3 and learner_rig.cfg.ppo_clip_ratio == 0.1  # flags stay
+    assert not hasattr(learner.cfg, "ppo_clip_ratio")  # the learner reads it from its policy's Hyperparams only
     assert learner.policy.version == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.policy.model.parameters()))
 
@@ -238,17 +257,17 @@ def test_after_a_copy_donor_and_receiver_act_alike_and_versions_still_increase(l
         donor.train_iteration(slots)
     fill(traj, slots, 1, 0)
     receiver.train_iteration(slots)
-    receiver._on_message(("hyperparams", {"learning_rate": 0.005}))
+    receiver.on_message(SetHyperparams({"learning_rate": 0.005}))
     batch = {"obs": torch.randn(16, 4)}
     rnn = torch.zeros(16, 1)
     assert not torch.allclose(donor.policy.model.forward_step(batch, rnn)[0],
                               receiver.policy.model.forward_step(batch, rnn)[0])
 
     version_before = receiver.policy.version
-    donor._on_message(("export", 1))
+    donor.on_message(ExportWeights(1))
     (message,) = receiver.inbox.get_many(timeout=1)
-    assert message[0] == "adopt" and message[2:] == (0, donor.policy.version)
-    receiver._on_message(message)
+    assert isinstance(message, AdoptWeights) and (message.donor, message.version) == (0, donor.policy.version)
+    receiver.on_message(message)
     with torch.no_grad():
         for a, b in zip(donor.policy.model.forward_step(batch, rnn), receiver.policy.model.forward_step(batch, rnn)):
             assert torch.equal(a, b)
@@ -259,9 +278,9 @@ def test_after_a_copy_donor_and_receiver_act_alike_and_versions_still_increase(l
 
     # Trajectories sampled by the replaced weights are never trained on; fresh ones are.
     fill(traj, slots, 1, version_before)
-    dropped = receiver.dropped
+    dropped = receiver.counters.dropped
     receiver.train_iteration(slots)
-    assert receiver.dropped == dropped + len(slots) and receiver.policy.version == version_before + 1
+    assert receiver.counters.dropped == dropped + len(slots) and receiver.policy.version == version_before + 1
     fill(traj, slots, 1, receiver.policy.version)
     receiver.train_iteration(slots)
     assert receiver.policy.version == version_before + 2

@@ -1,4 +1,5 @@
-"""--backend=ray on a real multi-node Ray cluster on this machine (ray.cluster_utils.Cluster).
+"""--backend=ray on a real multi-node Ray cluster on this machine (ray.cluster_utils.Cluster), and the slot hand-over
+the cluster process and the nodes share with actors and learners.
 
 Every node of the cluster is a set of processes on this machine at its own address, so no packet leaves it (Linux
 routes a machine's traffic to itself over the loopback device). Ray 2.60 cannot form a cluster on 127.0.0.1 itself:
@@ -14,8 +15,13 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
+from appo.memory.buffers import Layout
+from appo.memory.control import SharedControl
+from appo.memory.slots import hand_over_slots, release_slots
+from appo.messages import WAKE
 from appo.run.ray_backend import plan_groups
 from tests.conftest import last_mean_reward, processes_mentioning, shm_entries
+from utils.queues import make_queue
 
 RAY_PROCESSES = ("raylet", "gcs_server", "plasma_store", "ray::", "default_worker.py", "log_monitor.py",
                  "dashboard", "monitor.py", "runtime_env_agent")
@@ -38,6 +44,27 @@ def test_groups_split_the_workers():
     assert plan_groups(5, [2.0, 2.0], 0) == [(0, 3), (3, 2)]
     assert plan_groups(5, [8.0], 2) == [(0, 2), (2, 2), (4, 1)]
     assert plan_groups(1, [1.0, 1.0, 1.0], 0) == [(0, 1)]
+
+
+def test_slots_handed_over_are_owed_and_hinted_and_a_release_clears_only_what_was_read():
+    """The head's cluster process hands slots over as an actor does; a node's pull releases what it copied, as a
+    learner does: the flags it read are cleared, another policy's raised since stays, each owner is woken once."""
+    layout = Layout(num_workers=2, num_splits=1, num_agents=1, agents_per_split=2, rollout=4, slots_per_worker=3,
+                    obs={"obs": ((1,), np.dtype(np.float32))}, action_shape=(), action_dtype=np.dtype(np.int64),
+                    rnn_size=1)
+    control = SharedControl(layout, num_policies=2)
+    learner_inboxes, actor_inboxes = [make_queue() for _ in range(2)], [make_queue() for _ in range(2)]
+    hand_over_slots(control, learner_inboxes, 1, [0, 1, 4])
+    assert control.slot_owed.tolist() == [[0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 1, 0]]
+    assert learner_inboxes[1].get_many(timeout=1) == [[0, 1, 4]]
+    read = np.array([0, 1, 4])
+    policies, columns = np.nonzero(control.slot_owed[:, read])
+    hand_over_slots(control, learner_inboxes, 0, [4])  # raised after the read
+    release_slots(control, layout, actor_inboxes, policies, read[columns])
+    assert control.slot_owed.tolist() == [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0]]
+    assert actor_inboxes[0].get_many(timeout=1) == [WAKE] and actor_inboxes[1].get_many(timeout=1) == [WAKE]
+    release_slots(control, layout, actor_inboxes, 0, [4])  # a learner's release
+    assert control.slot_owed.sum() == 0 and actor_inboxes[1].get_many(timeout=1) == [WAKE]
 
 
 def read_until(process, lines: list[str], pattern: str, deadline: float, at_least: int = 0) -> re.Match:

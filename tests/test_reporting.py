@@ -1,44 +1,81 @@
 """The status and summary the runner prints: what they show, and that every line fits 120 columns with the log
-prefix "[HH:MM:SS][MainProcess] " (24 characters), so 96 for the message. No processes: a Reports is filled by hand."""
+prefix "[HH:MM:SS][MainProcess] " (24 characters), so 96 for the message. No processes: a Reports is fed typed reports
+by hand, on a clock that moves only when a test says."""
 
 import importlib.util
 import os
 import re
 import sys
-import time
-from collections import deque
-from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from appo.config.cfg import build_parser, resolve
+from appo.config.cfg import parse_config
+from appo.messages import ActorReport, ClusterReport, EpisodeEnd, LearnerReport
 from appo.run.reporting import LINE_WIDTH, Reports
 from tests.conftest import REPO, last_mean_reward
 
 PREFIX = "[10:00:00][MainProcess] "
 
 
-def make_reports(tmp_path, *flags: str, policies: int = 2) -> Reports:
-    cfg = resolve(build_parser().parse_args(["--env=CartPole-v1", f"--num_policies={policies}", *flags]))
-    return Reports(cfg, str(tmp_path), [0] * policies)
+class FakeClock:
+    """Seconds that pass only when `advance` is called."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_reports(tmp_path, *flags: str, policies: int = 2) -> tuple[Reports, FakeClock]:
+    cfg = parse_config(["--env=CartPole-v1", f"--num_policies={policies}", *flags])
+    clock = FakeClock()
+    return Reports(cfg, str(tmp_path), [0] * policies, clock=clock), clock
+
+
+def actor_report(worker: int = 0, env_steps: int = 0, episodes: list[EpisodeEnd] | None = None, env_errors: int = 0,
+                 nonfinite: int = 0) -> ActorReport:
+    return ActorReport(worker=worker, env_steps=env_steps, episodes=episodes or [], games=[], timing={},
+                       env_errors=env_errors, nonfinite=nonfinite, state="stepping")
+
+
+def learner_report(reports: Reports, policy: int, version: int, stats: dict[str, float] | None = None,
+                   skipped_updates: int = 0) -> LearnerReport:
+    """A learner's report that leaves the policy's env steps as they are."""
+    return LearnerReport(policy=policy, stats=stats or {}, env_steps=reports.env_steps[policy], version=version,
+                         samples=0, dropped=0, train_steps=0, timing={}, skipped_updates=skipped_updates,
+                         nonfinite=0, device="cpu", state="training")
+
+
+def episodes(policy: int, rewards: list[float], length: float = 10.0) -> ActorReport:
+    return actor_report(episodes=[EpisodeEnd(policy, reward, length, None, {}) for reward in rewards])
 
 
 def fill(reports: Reports, rewards: list[float], length: float = 123.4) -> None:
-    """A full --stats_avg window of episodes per policy, versions, lag and an objective."""
+    """Per policy, 1234567 episodes (a full --stats_avg window and many more) with an objective, version 123456 and
+    a lag."""
     for p, reward in enumerate(rewards):
-        for _ in range(reports.cfg.stats_avg):
-            reports.episodes[p].append((reward, length))
-            reports.objectives[p].append(0.5 + p / 10)
-        reports.episodes_total[p] = 1_234_567
-        reports.versions[p] = 123_456
-        reports.learner_stats[p].update(lag_min=0, lag_avg=1.2, lag_max=3)
+        reports.on_actor(actor_report(episodes=[EpisodeEnd(p, reward, length, 0.5 + p / 10, {})] * 1_234_567))
+        reports.on_learner(learner_report(reports, p, 123_456, stats={"lag_min": 0, "lag_avg": 1.2, "lag_max": 3}))
 
 
-def set_step_rate(reports: Reports, env_steps: list[int], per_second: float) -> None:
-    """The learners' env steps now, reached at per_second over the last 50 s."""
-    reports.env_steps = list(env_steps)
-    now = time.monotonic()
-    reports.env_step_history = deque([(now - 50, sum(env_steps) - 50 * per_second), (now, sum(env_steps))])
+def set_step_rate(reports: Reports, clock: FakeClock, env_steps: list[int], per_second: float) -> None:
+    """The learners' counters (what the runner passes to tick) reach env_steps now, at per_second over the last 50 s;
+    61 s pass, and nothing moves in the first 11, so that the 60 s rate window holds just these 50 s."""
+    before, owed = list(env_steps), 50 * per_second
+    for p in sorted(range(len(before)), key=lambda p: -before[p]):  # counts never go back
+        taken = min(owed, before[p] - reports.env_steps[p])
+        before[p] -= taken
+        owed -= taken
+    assert owed == 0, "these counts cannot be reached at that rate"
+    clock.advance(11)
+    reports.tick(np.array(before))
+    clock.advance(50)
+    reports.tick(np.array(env_steps))
 
 
 def assert_fits(text: str, except_paths: bool = False) -> None:
@@ -58,11 +95,12 @@ def module(name: str):
 
 @pytest.mark.parametrize("policies", [2, 4])
 def test_every_line_fits_with_faults_pbt_and_large_numbers(tmp_path, policies):
-    reports = make_reports(tmp_path, "--with_pbt=True", "--train_for_env_steps=9000000000", policies=policies)
+    reports, clock = make_reports(tmp_path, "--with_pbt=True", "--train_for_env_steps=9000000000", policies=policies)
     fill(reports, [-12345.67] * policies, length=12345.6)
-    set_step_rate(reports, [2_345_678_901] * policies, 123_456)
-    reports.env_errors, reports.nonfinite_values = 123_456, 7_890
-    reports.skipped_updates = [3] * policies
+    set_step_rate(reports, clock, [2_345_678_901] * policies, 123_456)
+    reports.on_actor(actor_report(env_errors=123_456, nonfinite=7_890))
+    for p in range(policies):
+        reports.on_learner(learner_report(reports, p, 123_456, skipped_updates=3))
     reports.restarts = {"actor": 12, "inference": 3, "learner": 2}
     reports.hyperparams = [{"learning_rate": 1e-3}] * policies
     status = reports.status_line()
@@ -73,7 +111,8 @@ def test_every_line_fits_with_faults_pbt_and_large_numbers(tmp_path, policies):
         assert re.search(rf"^  p{p}: v123456, reward -12345.67 length 12345.6 \(100 of 1234567 episodes\), "
                          rf"objective 0.{5 + p}00", status, re.M), status
     assert "  faults: env errors 123456 (episodes lost, envs rebuilt), non-finite values 7890 (set to 0)" in status
-    assert "updates skipped (non-finite) " in status and "restarts: actor 12, inference 3, learner 2" in status
+    assert f"updates skipped (non-finite) {3 * policies}" in status
+    assert "restarts: actor 12, inference 3, learner 2" in status
     assert re.search(r"^  PBT objective best 0\.\d+ \(p\d\) worst 0.500 \(p0\)", status, re.M), status
     assert len(lines) > policies + 3, "the long faults line wraps onto a second line"
     assert last_mean_reward(PREFIX + f"\n{PREFIX}".join(lines), policy=policies - 1) == -12345.67
@@ -82,13 +121,13 @@ def test_every_line_fits_with_faults_pbt_and_large_numbers(tmp_path, policies):
     summary = reports.summary_line([long_path] + [None] * (policies - 1))
     assert_fits(summary, except_paths=True)
     lines = summary.splitlines()
-    assert re.fullmatch(r"Summary: \d+\.\d s, \d+ env steps", lines[0])
+    assert re.fullmatch(r"Summary: \d+\.\d s \(1m01s\), \d+ env steps", lines[0])
     assert lines[1] == "  p0: final reward -12345.67 (best -12345.67) over 100 episodes"
     assert lines[2] == f"  p0 checkpoint: {long_path}" and lines[-1] == f"  p{policies - 1} checkpoint: none"
 
 
 def test_no_faults_line_without_faults_and_no_reward_before_the_first_episode(tmp_path):
-    reports = make_reports(tmp_path)
+    reports, _ = make_reports(tmp_path)
     status = reports.status_line()
     assert_fits(status)
     assert "faults" not in status and "restarts" not in status and "PBT" not in status and "reward" not in status
@@ -99,66 +138,66 @@ def test_no_faults_line_without_faults_and_no_reward_before_the_first_episode(tm
 
 
 def test_progress_of_a_step_budget_uses_the_recent_env_step_rate(tmp_path):
-    reports = make_reports(tmp_path, "--train_for_env_steps=1000000")
-    set_step_rate(reports, [100_000, 300_000], 5000)  # 600k steps left at 5k steps/s: 2 minutes
+    reports, clock = make_reports(tmp_path, "--train_for_env_steps=1000000")
+    set_step_rate(reports, clock, [100_000, 300_000], 5000)  # 600k steps left at 5k steps/s: 2 minutes
     fraction, budget, eta = reports.progress()
     assert fraction == pytest.approx(0.4) and budget == "1M steps" and eta == pytest.approx(120, rel=0.01)
-    assert reports.status_line().startswith("40.0% of 1M steps in 0s, ETA 2m00s | env steps 400000 | FPS ")
-    set_step_rate(reports, [100_000, 300_000], 0)  # no progress measured yet: ETA unknown
-    assert "40.0% of 1M steps in 0s, ETA - |" in reports.status_line()
-    set_step_rate(reports, [1_000_000, 200_000], 5000)  # past the budget
-    assert reports.status_line().startswith("100.0% of 1M steps in 0s, ETA 0s |")
+    assert reports.status_line().startswith("40.0% of 1M steps in 1m01s, ETA 2m00s | env steps 400000 | FPS ")
+    set_step_rate(reports, clock, [100_000, 300_000], 0)  # no progress in the last minute: ETA unknown
+    assert "40.0% of 1M steps in 2m02s, ETA - |" in reports.status_line()
+    set_step_rate(reports, clock, [1_000_000, 300_000], 5000)  # past the budget
+    assert reports.status_line().startswith("100.0% of 1M steps in 3m03s, ETA 0s |")
 
 
 def test_an_absurd_eta_is_not_shown(tmp_path):
-    reports = make_reports(tmp_path, "--train_for_env_steps=9000000000")
-    set_step_rate(reports, [1000, 1000], 10)  # 900 million seconds
-    assert "0.0% of 9G steps in 0s, ETA - |" in reports.status_line()
+    reports, clock = make_reports(tmp_path, "--train_for_env_steps=9000000000")
+    set_step_rate(reports, clock, [1000, 1000], 10)  # 900 million seconds
+    assert "0.0% of 9G steps in 1m01s, ETA - |" in reports.status_line()
 
 
 def test_progress_of_a_time_budget_counts_this_session(tmp_path):
-    reports = make_reports(tmp_path, "--train_for_seconds=600", "--train_for_env_steps=1000000")
-    reports.start = time.monotonic() - 150.2
-    set_step_rate(reports, [50_000, 50_000], 1000)  # 10% of the step budget: the time budget is closer to done
+    reports, clock = make_reports(tmp_path, "--train_for_seconds=600", "--train_for_env_steps=1000000")
+    clock.advance(89)
+    set_step_rate(reports, clock, [50_000, 50_000], 1000)  # 10% of the step budget: the time budget is closer to done
     fraction, budget, eta = reports.progress()
     assert fraction == pytest.approx(0.25, abs=0.01) and budget == "10m00s" and eta == pytest.approx(450, abs=2)
     assert reports.status_line().startswith("25.0% of 10m00s in 2m30s, ETA 7m30s | env steps 100000 |")
-    set_step_rate(reports, [200_000, 200_000], 1000)  # 40% of the steps: now the step budget is closer
-    assert reports.status_line().startswith("40.0% of 1M steps in 2m30s, ETA 10m00s |")
+    set_step_rate(reports, clock, [200_000, 200_000], 1000)  # 40% of the steps, 35% of the time: the steps are closer
+    assert reports.status_line().startswith("40.0% of 1M steps in 3m31s, ETA 10m00s |")
 
 
 def test_progress_of_a_benchmark_counts_the_measured_steps(tmp_path):
-    reports = make_reports(tmp_path, "--benchmark=True", "--sampler_only=True", policies=1)
+    reports, clock = make_reports(tmp_path, "--benchmark=True", "--sampler_only=True", "--num_workers=2", policies=1)
+    clock.advance(61)
+    reports.on_actor(actor_report(worker=0, env_steps=50_000))
     assert reports.progress()[0] == 0.0  # before every actor samples, nothing is measured
-    now = time.monotonic()
-    reports.measure_start = (now - 10, 100_000, 0)
-    reports.sampled_env_steps = 600_000
-    reports.frame_history = deque([(now - 10, 100_000), (now, 600_000)])  # 50k env steps/s
-    assert reports.status_line().startswith("25.0% of 2M benchmark steps in 0s, ETA 30s | env steps 0 | FPS ")
+    reports.on_actor(actor_report(worker=1, env_steps=50_000))  # taken before the measured period began
+    reports.tick()
+    clock.advance(10)
+    reports.on_actor(actor_report(worker=0, env_steps=250_000))
+    reports.on_actor(actor_report(worker=1, env_steps=250_000))
+    reports.tick()  # 500k measured env steps in 10 s: 50k env steps/s
+    assert reports.status_line().startswith("25.0% of 2M benchmark steps in 1m11s, ETA 30s | env steps 0 | FPS ")
 
 
 def test_the_best_reward_is_the_best_full_window_mean_seen(tmp_path):
-    reports = make_reports(tmp_path, "--stats_avg=10", policies=1)
-    for reward in [5.0] * 9:
-        reports.episodes[0].append((reward, 10.0))
-        reports.episodes_total[0] += 1
+    reports, _ = make_reports(tmp_path, "--stats_avg=10", policies=1)
+    checkpoint = ["train_dir/x/checkpoint_p0/checkpoint_000000001_100.pth"]
+    reports.on_actor(episodes(0, [5.0] * 9))
     reports.tick()
-    assert reports.best_rewards == [None]  # not a full window yet
+    assert "  p0: final reward 5.00 (best -) over 9 episodes" in reports.summary_line(checkpoint).splitlines()
     for reward in [5.0, 50.0, 50.0]:
-        reports.episodes[0].append((reward, 10.0))
-        reports.episodes_total[0] += 1
+        reports.on_actor(episodes(0, [reward]))
         reports.tick()
-    for _ in range(10):
-        reports.episodes[0].append((1.0, 10.0))
-        reports.episodes_total[0] += 1
-    summary = reports.summary_line(["train_dir/x/checkpoint_p0/checkpoint_000000001_100.pth"])
+    reports.on_actor(episodes(0, [1.0] * 10))
+    summary = reports.summary_line(checkpoint)
     assert "  p0: final reward 1.00 (best 14.00) over 10 episodes" in summary.splitlines()
 
 
 def test_the_scripts_read_the_status(tmp_path):
-    reports = make_reports(tmp_path, "--with_pbt=True", "--train_for_env_steps=1000000", policies=3)
+    reports, clock = make_reports(tmp_path, "--with_pbt=True", "--train_for_env_steps=1000000", policies=3)
     fill(reports, [10.0, 20.0, 30.0])
-    set_step_rate(reports, [100_000, 100_000, 100_000], 3000)
+    set_step_rate(reports, clock, [100_000, 100_000, 100_000], 3000)
     log = [PREFIX + line for line in reports.status_line().splitlines()]
     log += [PREFIX + "Stopped: reached --train_for_env_steps=1000000"]
     log += [PREFIX + line for line in reports.summary_line([None] * 3).splitlines()]
@@ -167,18 +206,16 @@ def test_the_scripts_read_the_status(tmp_path):
         0: {"reward": 10.0, "objective": 0.5}, 1: {"reward": 20.0, "objective": 0.6},
         2: {"reward": 30.0, "objective": 0.7}}
 
-    watched_run = module("watched_run")
-    watched = watched_run.WatchedRun.__new__(watched_run.WatchedRun)
-    watched.launched, watched.lines, watched.samples = time.monotonic(), [], []
-    watched.process = SimpleNamespace(stdout=iter(output.splitlines(keepends=True) * 2))
-    watched._read()
-    assert [(s.env_steps, s.reward) for s in watched.samples] == [(300_000, 10.0)] * 2
+    status = module("watched_run").StatusReader()
+    for line in output.splitlines(keepends=True) * 2:
+        status.feed(line, t=1.0)
+    assert [(s.env_steps, s.reward) for s in status.samples] == [(300_000, 10.0)] * 2
 
 
 def test_ratings_line_and_final_table_fit(tmp_path):
     from appo.population.ratings import Ratings
 
-    reports = make_reports(tmp_path, policies=4)
+    reports, _ = make_reports(tmp_path, policies=4)
     fill(reports, [1.0] * 4)
     ratings = Ratings()
     for p in range(4):
@@ -197,15 +234,16 @@ def test_ratings_line_and_final_table_fit(tmp_path):
 def test_cluster_line_fits_counts_node_restarts_and_the_network_can_be_the_bottleneck(tmp_path):
     """--backend=ray: the cluster process's report gives per-group FPS and bytes/s, node worker restarts and
     replaced groups join the faults, and a busy cluster process names the network in the benchmark."""
-    reports = make_reports(tmp_path, "--backend=ray", "--num_workers=4", policies=1)
+    reports, _ = make_reports(tmp_path, "--backend=ray", "--num_workers=4", policies=1)
     reports.restarts = {"learner": 1}
-    reports.measure_start = (time.monotonic(), 0, 0)  # the benchmark's measured period has begun
+    for worker in range(4):  # every actor samples: the benchmark's measured period has begun
+        reports.on_actor(actor_report(worker=worker, env_steps=100))
     groups = [{"name": f"n{k}", "node": f"10.0.0.{k + 10}", "workers": 1, "running": True, "lost": "",
                "replacements": 0, "env_steps": 12_345 * (k + 1), "traj_bytes": 3_000_000, "weights_bytes": 250_000,
                "restarts": {}} for k in range(4)]
     groups[0]["restarts"] = {"actor": 2}
     groups[3].update(node="", running=False, lost="ActorDiedError", replacements=1)
-    reports.on_cluster({"seconds": 1.0, "busy": 0.9, "groups": groups})
+    reports.on_cluster(ClusterReport(seconds=1.0, busy=0.9, groups=groups))
     status = reports.status_line()
     assert_fits(status)
     assert "cluster: n0 10.0.0.10 12.3k FPS; n1 10.0.0.11 24.7k FPS; n2 10.0.0.12 37.0k FPS;" in status, status

@@ -1,17 +1,18 @@
 """Self-play and agent-to-policy mapping: Elo and the match table, the matchmaker, the snapshot pool of a policy
 and of a real learner (taken, published, saved, restored), and that a learner trains on its own steps only."""
 
-import argparse
+import dataclasses
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from appo.config.cfg import ConfigError, build_parser, resolve, validate
-from appo.learning.learner import bootstrap_values, train_step
+from appo.config.cfg import ConfigError, parse_config
+from appo.config.flags import Config
 from appo.learning.losses import gae
 from appo.learning.policy import Policy
+from appo.learning.ppo import bootstrap_values, train_step
 from appo.population.matchmaking import (
     MappingError,
     Matchmaker,
@@ -24,10 +25,8 @@ from appo.population.ratings import ELO_START, Ratings, elo_update, expected_sco
 from tests.conftest import LearnerRig
 
 
-def flags(*args: str, num_agents: int = 2) -> argparse.Namespace:
-    cfg = build_parser().parse_args(["--env=coop_multi_agent", *args])
-    validate(cfg)
-    return resolve(cfg, num_agents)
+def flags(*args: str, num_agents: int = 2) -> Config:
+    return parse_config(["--env=coop_multi_agent", *args], num_agents)
 
 
 # ---------------------------------------------------------------- Elo and the match table
@@ -97,7 +96,7 @@ def test_user_mapping_function_is_used_and_checked():
     versions = np.full(2, -1)
     drawn = Matchmaker(cfg, 3, versions, np.random.default_rng(0)).draw(4)
     assert drawn.tolist() == [0, 1, 0] * 4
-    cfg.policy_mapping = f"{__name__}:bad_mapping"
+    cfg = dataclasses.replace(cfg, policy_mapping=f"{__name__}:bad_mapping")
     with pytest.raises(MappingError, match="expected 3 policy ids"):
         Matchmaker(cfg, 3, versions, np.random.default_rng(0)).draw(1)
     with pytest.raises(ConfigError, match="no function 'missing'"):
@@ -131,10 +130,10 @@ def test_self_play_draws_one_learning_seat_against_a_snapshot():
     assert abs((opponents == 1).mean() - 0.5) < 0.05  # drawn uniformly from the pool
     assert abs((envs[:, 0] == 0).mean() - 0.5) < 0.05  # the learning seat is random
 
-    cfg.self_play_latest_fraction = 0.25
+    cfg = dataclasses.replace(cfg, self_play_latest_fraction=0.25)
     envs = Matchmaker(cfg, 2, versions, np.random.default_rng(1)).draw(4000).reshape(-1, 2)
     assert abs((envs == 0).all(axis=1).mean() - 0.25) < 0.03
-    cfg.self_play_latest_fraction = 1.0
+    cfg = dataclasses.replace(cfg, self_play_latest_fraction=1.0)
     assert (Matchmaker(cfg, 2, versions, np.random.default_rng(1)).draw(100) == 0).all()
 
 
@@ -233,13 +232,13 @@ def test_learner_trains_only_on_its_own_side(self_play_rig):
     ids = rig.traj.policy_ids[slots].copy()
     rig.control.slot_owed[0, slots] = 1
     steps_before = learner.policy.env_steps
-    batch = learner._collect(slots)
+    batch = learner.collect(slots)
     assert learner.policy.env_steps - steps_before == int((ids == 0).sum())
     assert torch.equal(batch["mask"], torch.from_numpy((ids == 0).astype(np.float32)))
     assert 0 < int(batch["mask"].sum()) < batch["mask"].numel()
 
     # Change everything the snapshots did: actions, log-probs, values, rewards. The update is the same.
-    cfg, model = learner.policy.cfg, learner.policy.model
+    cfg, hp, model = rig.cfg, learner.policy.hyperparams, learner.policy.model
     state = {k: v.clone() for k, v in model.state_dict().items()}
     others = batch["mask"] == 0
     changed = {key: value.clone() for key, value in batch.items() if key != "obs"}
@@ -253,9 +252,9 @@ def test_learner_trains_only_on_its_own_side(self_play_rig):
         model.load_state_dict(state)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         mb = dict(mb, bootstrap=bootstrap_values(model, mb))
-        advantages, targets = gae(mb["rewards"], mb["dones"], mb["values"], mb["bootstrap"], cfg.gamma,
-                                  cfg.gae_lambda)
-        stats = train_step(model, optimizer, cfg, mb, advantages, targets)
+        advantages, targets = gae(mb["rewards"], mb["dones"], mb["values"], mb["bootstrap"], hp.gamma,
+                                  hp.gae_lambda)
+        stats = train_step(model, optimizer, cfg, hp, mb, advantages, targets)
         results.append((stats, [p.detach().clone() for p in model.parameters()]))
     for key in ("loss", "policy_loss", "value_loss", "entropy"):
         assert results[0][0][key] == pytest.approx(results[1][0][key], rel=1e-5, abs=1e-6), key

@@ -1,20 +1,15 @@
-"""Set-up every worker process does first, and the guard that turns a crash into a report.
+"""Set-up every worker process does first (signals, niceness, threads, parent death), and the exit codes.
 
-A crash is reported as ("error", name, traceback) and the process exits with code 1: the runner replaces
-it. A `FatalError` is reported as ("fatal", name, message) and exits with EXIT_FATAL: the runner stops the
-run, since a replacement would meet the same condition.
+How a crash becomes a report is the supervisor's part (appo/run/supervisor.py): a crash exits with code 1 and the
+runner replaces the worker; a `FatalError` exits with EXIT_FATAL and stops the run, since a replacement would meet
+the same condition.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import os
 import signal
 import sys
-import traceback
-from collections.abc import Callable
-from typing import Any
 
 from utils.logs import log
 
@@ -50,26 +45,6 @@ def init_worker(cfg, cpu: int | None, single_thread: bool, extra_niceness: int =
         threadpool_limits(limits=1)
 
 
-def run_guarded(name: str, report_queue, main: Callable[..., Any], *args: Any) -> None:
-    """Run a worker's main loop; on an exception send its traceback to the runner and exit non-zero."""
-    try:
-        main(*args)
-    except FatalError as exc:
-        log.error("%s: %s", name, exc)
-        _report_and_exit(report_queue, ("fatal", name, str(exc)), EXIT_FATAL)
-    except Exception:
-        text = traceback.format_exc()
-        log.error("%s crashed:\n%s", name, text)
-        _report_and_exit(report_queue, ("error", name, text), 1)
-
-
-def _report_and_exit(report_queue, message: tuple, code: int) -> None:
-    with contextlib.suppress(Exception):
-        report_queue.put(message, timeout=1.0)
-    sys.stdout.flush()
-    os._exit(code)
-
-
 def die_with_parent(parent_pid: int, name: str) -> None:
     """Ask Linux to SIGKILL this process when the process that forked it dies (kill -9, the OOM killer), so no
     worker outlives a runner that can no longer stop it; and name the process after its role (what `ps -o comm`,
@@ -84,10 +59,3 @@ def die_with_parent(parent_pid: int, name: str) -> None:
     if os.getppid() != parent_pid:  # the parent died before the request was in place
         os._exit(1)
     libc.prctl(pr_set_name, ctypes.c_char_p(name.encode()[:15]))
-
-
-def start_component(name: str, report_queue, module: str, function: str, parent_pid: int, *args: Any) -> None:
-    """Entry point of every forked worker: import its module here, so torch loads only where needed."""
-    die_with_parent(parent_pid, name)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    run_guarded(name, report_queue, lambda: getattr(importlib.import_module(module), function)(*args))

@@ -23,13 +23,14 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from appo.config.flags import Config
 from appo.spaces import action_spec, auto_encoder, obs_spaces
 from envs import EnvInfo
 
@@ -91,7 +92,7 @@ def cpu_has_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def sampler_sizing(cfg: argparse.Namespace, step_seconds: float) -> Choice | None:
+def sampler_sizing(cfg: Config, step_seconds: float) -> Choice | None:
     """For an env whose step takes `step_seconds`: envs per worker and actor niceness, or None for a cheap env."""
     if step_seconds < COSTLY_STEP_S:
         return None
@@ -103,7 +104,7 @@ def sampler_sizing(cfg: argparse.Namespace, step_seconds: float) -> Choice | Non
                   f"from {actors} per inference worker, and inference runs before the actors")
 
 
-def choices(cfg: argparse.Namespace, info: EnvInfo) -> list[Choice]:
+def choices(cfg: Config, info: EnvInfo) -> list[Choice]:
     """Every rule that applies to this env, with the values it would set (given flags not yet removed)."""
     found = []
     if cfg.encoder == "auto":
@@ -127,15 +128,14 @@ def choices(cfg: argparse.Namespace, info: EnvInfo) -> list[Choice]:
     return found + ([sizing] if sizing else [])
 
 
-def apply(cfg: argparse.Namespace, given: set[str], info: EnvInfo) -> list[str]:
-    """Set the values the rules choose for flags not in `given` (flag names as argparse dests); returns the
-    "auto:" lines to log. A rule whose flags were all given says nothing."""
-    lines = []
+def apply(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, list[str]]:
+    """`cfg` with the values the rules choose for flags not in `given` (flag names), and the "auto:" lines to
+    log. A rule whose flags were all given says nothing."""
+    lines, values = [], {}
     for choice in choices(cfg, info):
         chosen = {name: value for name, value in choice.flags.items() if name not in given}
         if choice.flags and not chosen:
             continue
-        for name, value in chosen.items():
-            setattr(cfg, name, value)
+        values.update(chosen)
         lines.append(Choice(chosen, choice.why).line())
-    return lines
+    return dataclasses.replace(cfg, **values), lines

@@ -5,6 +5,10 @@ absent; a disk that fills up or fails can still leave a damaged one. `latest_int
 archive structure and CRCs without importing torch and moves damaged files aside, so a resumed run
 starts from the newest checkpoint that loads instead of stopping. Weights that are not finite are never
 written: a run that diverged keeps its last good checkpoints.
+
+Writes only inside `checkpoint_p<policy>/` (the learner its rolling checkpoints, the evaluator `best.pth` and
+`best.json`). torch is imported only where a checkpoint is saved or loaded, so the runner lists and checks
+checkpoints without it.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import json
 import os
 import re
 import zipfile
+from typing import Any
 
+from utils.files import atomic_write, atomic_write_text
 from utils.logs import log
 
 _NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pth$")
-# The best evaluated weights of a policy (appo/learning/evaluator.py), next to its rolling checkpoints and never rotated.
+# The best evaluated weights of a policy (appo/learning/evaluator.py), beside its rolling checkpoints, never rotated.
 BEST_NAME = "best.pth"
 
 
 def checkpoint_dir(exp_dir: str, policy_id: int) -> str:
+    """`checkpoint_p<policy>/` of an experiment: the policy's rolling checkpoints and its best one."""
     return os.path.join(exp_dir, f"checkpoint_p{policy_id}")
 
 
@@ -104,9 +111,7 @@ def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, k
         return None
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"checkpoint_{version:09d}_{env_steps}.pth")
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
     for old in list_checkpoints(directory)[:-keep]:
         os.remove(old)
     return path
@@ -132,12 +137,8 @@ def save_best(directory: str, state: dict, record: dict) -> str | None:
         return None
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, BEST_NAME)
-    torch.save(state, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
-    record_path = os.path.join(directory, "best.json")
-    with open(f"{record_path}.tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(f"{record_path}.tmp", record_path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write_text(os.path.join(directory, "best.json"), json.dumps(record, indent=2))
     return path
 
 
@@ -150,7 +151,8 @@ def read_best(directory: str) -> dict | None:
         return None
 
 
-def load_checkpoint(path: str, device) -> dict:
+def load_checkpoint(path: str, device: Any) -> dict:
+    """A checkpoint's (or a PBT transfer file's) state, its tensors on `device` (a torch device or its name)."""
     import torch
 
     return torch.load(path, map_location=device, weights_only=False)

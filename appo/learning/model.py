@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from appo.memory.buffers import rnn_size
 from appo.spaces import action_spec, auto_encoder, obs_spaces
 
 ObsDict = dict[str, Tensor]
@@ -126,6 +127,8 @@ def _linear(in_size: int, out_size: int, gain: float) -> nn.Linear:
 
 
 class MlpEncoder(nn.Module):
+    """Vectors (any shape, flattened) -> --mlp_layers tanh layers of --hidden_size units."""
+
     def __init__(self, space: gym.spaces.Box, cfg):
         super().__init__()
         layers: list[nn.Module] = [nn.Flatten()]
@@ -208,6 +211,8 @@ class SmallCnn(_ConvEncoder):
 
 
 class _ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), channels and size unchanged."""
+
     def __init__(self, channels: int):
         super().__init__()
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
@@ -230,6 +235,8 @@ class ImpalaResnet(_ConvEncoder):
         super().__init__(space, nn.Sequential(*stages, nn.ReLU()), 256)
 
 
+# The built-in names are appo.config.cfg.BUILT_IN_ENCODERS (which --encoder is checked against without torch) less
+# "auto"; tests/test_model.py checks that the two lists agree.
 ENCODERS: dict[str, Callable[[gym.spaces.Box, object], nn.Module]] = {
     "mlp": MlpEncoder, "nature_cnn": NatureCnn, "small_cnn": SmallCnn, "impala_resnet": ImpalaResnet,
 }
@@ -338,9 +345,10 @@ class ActorCritic(nn.Module):
         self.value_head = _linear(size, 1, 1.0)
         # --normalize_returns: the value head predicts targets in units of their running mean/std.
         self.returns_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
-        # Recurrent state of one trunk (LSTM: h and c); the whole state (`state_size`) holds every trunk's.
-        self.trunk_state_size = cfg.hidden_size * (2 if cfg.rnn_type == "lstm" else 1) if cfg.use_rnn else 0
-        self.state_size = self.trunk_state_size * len(self.trunks)
+        # The recurrent state as the trajectory buffers hold it (one definition, appo/memory/buffers.rnn_size): each
+        # trunk's core keeps its share (LSTM: h and c). A feed-forward model passes its 1-float placeholder through.
+        self.state_size = rnn_size(cfg)
+        self.trunk_state_size = self.state_size // len(self.trunks)
 
     def set_bf16_images(self, enabled: bool) -> None:
         """Run the image encoders under bfloat16 autocast on a CPU (--learner_bf16, --inference_bf16)."""

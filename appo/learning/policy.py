@@ -10,25 +10,30 @@ with its checkpoints.
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Mapping
+from typing import Any
 
+import gymnasium as gym
 import torch
 
+from appo.config.hyperparams import Hyperparams
 from appo.learning.model import ActorCritic
 from appo.learning.weights import frozen_weights
 
 
 class Policy:
-    def __init__(self, policy_id: int, cfg: argparse.Namespace, spaces, device: torch.device,
-                 hyperparams: dict[str, float] | None = None):
+    """Owns the model, its optimizer and the policy's `Hyperparams` (the only values PBT changes; the run's flags
+    are read, never changed)."""
+
+    def __init__(self, policy_id: int, cfg: Any, spaces: tuple[gym.Space, gym.Space], device: torch.device,
+                 hyperparams: Hyperparams | None = None):
+        """`cfg`: the run's flags (a `Config`, or the learner's view of it); `hyperparams`: the policy's (PBT's, for a
+        learner of a PBT run); without them, the flags' (then `cfg` must be the whole `Config`)."""
         self.policy_id, self.device = policy_id, device
-        # The run's flags with this policy's hyper-parameters on top; the PPO update reads everything from here.
-        self.cfg = argparse.Namespace(**vars(cfg))
+        self.hyperparams = hyperparams if hyperparams is not None else Hyperparams.from_cfg(cfg)
         self.model = ActorCritic(*spaces, cfg).to(device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2))
-        self.hyperparams: dict[str, float] = {}
-        self.set_hyperparams(hyperparams or {})
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hyperparams.learning_rate,
+                                          eps=cfg.adam_eps, betas=(cfg.adam_beta1, cfg.adam_beta2))
         self.version = 0  # of the weights; +1 per training iteration and per adoption
         self.env_steps = 0  # this policy took (counted by the learner, so it survives resume)
         self.train_steps = 0
@@ -37,20 +42,21 @@ class Policy:
         self.min_version = 0
         # Self-play opponent pool: --self_play_opponents frozen copies {"version", "weights"} (None: not taken yet).
         self.snapshots: list[dict | None] = [None] * cfg.self_play_opponents
+        self.snapshot_every = cfg.self_play_snapshot_every
 
-    def set_hyperparams(self, hyperparams: dict[str, float]) -> None:
-        for name, value in hyperparams.items():
-            if not hasattr(self.cfg, name):
-                raise ValueError(f"policy {self.policy_id}: unknown hyper-parameter {name!r}")
-            setattr(self.cfg, name, value)
-        self.hyperparams.update(hyperparams)
+    def set_hyperparams(self, values: Mapping[str, float]) -> None:
+        """New values for some hyper-parameters (ValueError for a name PBT may not change)."""
+        self.hyperparams = self.hyperparams.updated(values)
+        self._apply_learning_rate()
+
+    def _apply_learning_rate(self) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.learning_rate
+            group["lr"] = self.hyperparams.learning_rate
 
     # ---------------------------------------------------------------- self-play
     def snapshot_due(self) -> bool:
         """Whether the current version joins the opponent pool (every --self_play_snapshot_every versions)."""
-        return bool(self.snapshots) and self.version % self.cfg.self_play_snapshot_every == 0
+        return bool(self.snapshots) and self.version % self.snapshot_every == 0
 
     def take_snapshot(self) -> tuple[int, int | None]:
         """Freeze the current weights into the pool in place of the oldest snapshot (or an empty place); returns
@@ -71,7 +77,8 @@ class Policy:
         """Everything a checkpoint or another policy needs."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "version": self.version, "env_steps": self.env_steps, "train_steps": self.train_steps,
-                "min_version": self.min_version, "hyperparams": dict(self.hyperparams), "snapshots": self.snapshots}
+                "min_version": self.min_version, "hyperparams": self.hyperparams.as_dict(),
+                "snapshots": self.snapshots}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume this policy from its own checkpoint. Hyper-parameters are not taken from it: with PBT the
@@ -81,7 +88,7 @@ class Policy:
         self.version, self.env_steps, self.train_steps = state["version"], state["env_steps"], state["train_steps"]
         self.min_version = state.get("min_version", 0)
         self._restore_snapshots(state.get("snapshots", []))
-        self.set_hyperparams(self.hyperparams)  # the optimizer state carried the saved learning rate
+        self._apply_learning_rate()  # the optimizer state carried the saved learning rate
 
     def adopt(self, donor_state: dict) -> None:
         """Take over another policy's weights (normalisation statistics included) and optimizer state.
@@ -91,6 +98,7 @@ class Policy:
         and train-step counters and the self-play pool stay this policy's own."""
         self.model.load_state_dict(donor_state["model"])
         self.optimizer.load_state_dict(donor_state["optimizer"])
-        self.set_hyperparams(self.hyperparams)
+        self._apply_learning_rate()
         self.version += 1
         self.min_version = self.version
+

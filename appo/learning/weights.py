@@ -33,6 +33,8 @@ def frozen_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class _FlatWeights:
+    """A model's published float state as views into one flat float32 segment, in `_state_tensors` order."""
+
     def __init__(self, model: nn.Module, segment: mmap.mmap):
         self.segment = segment
         named = _state_tensors(model)

@@ -7,7 +7,7 @@ Torch-free: actors receive it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
@@ -34,7 +34,7 @@ class Queues:
 class WorkerContext:
     """The wiring of one run (or of one Ray node's sampler group)."""
 
-    cfg: Any  # the run's flags (appo/config)
+    cfg: Any  # the run's flags (appo/config/flags.Config), or a role's view of them after `for_role`
     layout: Layout
     spaces: tuple[gym.Space, gym.Space]  # observation and action space of one agent
     traj: TrajBuffers
@@ -42,3 +42,8 @@ class WorkerContext:
     queues: Queues
     weights_names: list[str]  # the weights segment of every acting id (appo/memory/segments.py)
     exp_dir: str = ""
+
+    def for_role(self, view: Any) -> WorkerContext:
+        """The same wiring with `cfg` narrowed to a role's view of the flags (appo/config/views.py): a worker
+        builds it first, so nothing in that process can read a flag its role does not declare."""
+        return replace(self, cfg=view.of(self.cfg))

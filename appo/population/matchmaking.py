@@ -20,11 +20,14 @@ This module is torch-free: actor workers use it.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from appo.config.flags import Config
 
 # A user mapping: (agents of the env, learning policies, random generator) -> a learning policy per agent.
 MappingFn = Callable[[int, int, np.random.Generator], Sequence[int]]
@@ -34,25 +37,25 @@ class MappingError(Exception):
     """--policy_mapping cannot be loaded or returned something unusable; the message says what."""
 
 
-def num_acting_ids(cfg: argparse.Namespace) -> int:
+def num_acting_ids(cfg: Config) -> int:
     """Learning policies plus their snapshots."""
     return cfg.num_policies * (1 + cfg.self_play_opponents)
 
 
-def snapshot_ids(cfg: argparse.Namespace, policy: int) -> range:
+def snapshot_ids(cfg: Config, policy: int) -> range:
     """The acting ids of policy's snapshot pool."""
     first = cfg.num_policies + policy * cfg.self_play_opponents
     return range(first, first + cfg.self_play_opponents)
 
 
-def learning_policy(cfg: argparse.Namespace, acting_id: int) -> int:
+def learning_policy(cfg: Config, acting_id: int) -> int:
     """The learning policy an acting id belongs to (itself, or the policy a snapshot was taken from)."""
     if acting_id < cfg.num_policies:
         return acting_id
     return (acting_id - cfg.num_policies) // cfg.self_play_opponents
 
 
-def acting_name(cfg: argparse.Namespace, acting_id: int, version: int) -> str:
+def acting_name(cfg: Config, acting_id: int, version: int) -> str:
     """How ratings and logs name who played: p<policy>, or p<policy>@v<version> for a snapshot."""
     if acting_id < cfg.num_policies:
         return f"p{acting_id}"
@@ -79,7 +82,7 @@ class Matchmaker:
 
     `policy_version` is the shared `SharedControl.policy_version`: a snapshot is drawn only once it exists."""
 
-    def __init__(self, cfg: argparse.Namespace, num_agents: int, policy_version: np.ndarray,
+    def __init__(self, cfg: Config, num_agents: int, policy_version: np.ndarray,
                  rng: np.random.Generator):
         self.cfg, self.num_agents, self.rng = cfg, num_agents, rng
         self.policy_version = policy_version

@@ -13,6 +13,9 @@ the population by its objective (the mean over its last `--stats_avg` episodes):
 - otherwise it explores from its own values.
 `k = replace_count(N, --pbt_replace_fraction)`. Exploring perturbs each mutable value with probability
 `--pbt_mutation_rate` (`perturb`).
+
+On the wire and in `pbt/population.json` a policy's hyper-parameters are a dict of the values PBT mutates in this run
+(`mutable_names`); its learner holds all of them as an appo.config.hyperparams.Hyperparams.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
+
+from appo.config.hyperparams import Hyperparams
+from utils.files import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,8 @@ class Bounds:
     discount_like: bool = False
 
 
-# The hyper-parameters PBT mutates, and their bounds (documented in --help of --with_pbt).
+# The hyper-parameters PBT mutates, and their bounds (documented in --help of --with_pbt); the names are the fields
+# of Hyperparams, in the same order.
 MUTABLE: dict[str, Bounds] = {
     "learning_rate": Bounds(1e-7, 1e-1, from_zero=1e-6),
     "exploration_loss_coeff": Bounds(0.0, 1.0, from_zero=1e-4),
@@ -86,7 +93,7 @@ class Settings:
 class Member:
     """One policy's place in the population: what PBT sets, and when it last judged the policy."""
 
-    hyperparams: dict[str, float]
+    hyperparams: dict[str, float]  # `mutable_names`: a part of the policy's Hyperparams
     shaping: dict[str, float] = field(default_factory=dict)
     last_decision_env_steps: int = 0
     replacements: int = 0  # times it took over another policy's weights
@@ -229,8 +236,17 @@ def apply(members: list[Member], event: Event) -> None:
 
 
 # ---------------------------------------------------------------- persistence
+TRANSFER_PREFIX = "transfer_"
+
+
 def pbt_dir(exp_dir: str) -> str:
     return os.path.join(exp_dir, "pbt")
+
+
+def transfer_path(exp_dir: str, donor: int, receiver: int) -> str:
+    """Where a donor's learner writes its state for the receiver's (removed once read; a stopped run's leftovers
+    are removed by `restore_population`)."""
+    return os.path.join(pbt_dir(exp_dir), f"{TRANSFER_PREFIX}p{donor}_to_p{receiver}.pth")
 
 
 def initial_members(cfg, num_policies: int, shaping: dict[str, float], bounds: dict[str, Bounds] | None = None,
@@ -239,7 +255,8 @@ def initial_members(cfg, num_policies: int, shaping: dict[str, float], bounds: d
     env declares a range for (`bounds`) is a guess worth spreading: policies 1..N-1 draw it from that range,
     log-uniformly when the range is positive (policy 0 keeps the env's value). Exploring sets them apart
     further."""
-    hyperparams = {name: float(getattr(cfg, name)) for name in mutable_names(cfg)}
+    flags = Hyperparams.from_cfg(cfg).as_dict()
+    hyperparams = {name: float(flags[name]) for name in mutable_names(cfg)}
     members = [Member(dict(hyperparams), dict(shaping)) for _ in range(num_policies)]
     for member in members[1:]:
         for key, b in (bounds or {}).items():
@@ -250,12 +267,10 @@ def initial_members(cfg, num_policies: int, shaping: dict[str, float], bounds: d
 
 
 def save_population(exp_dir: str, members: list[Member]) -> None:
-    """`pbt/population.json`, written to a temporary name and renamed (complete or absent)."""
+    """`pbt/population.json`, written atomically (complete or absent)."""
     os.makedirs(pbt_dir(exp_dir), exist_ok=True)
     path = os.path.join(pbt_dir(exp_dir), "population.json")
-    with open(f"{path}.tmp", "w") as f:
-        json.dump({"policies": [asdict(m) for m in members]}, f, indent=2)
-    os.replace(f"{path}.tmp", path)
+    atomic_write_text(path, json.dumps({"policies": [asdict(m) for m in members]}, indent=2))
 
 
 def load_population(exp_dir: str, num_policies: int) -> list[Member] | None:
@@ -286,7 +301,7 @@ def restore_population(exp_dir: str, cfg, shaping: dict[str, float], bounds: dic
         member.hyperparams = {**default.hyperparams, **member.hyperparams}
         member.shaping = {**default.shaping, **member.shaping}
     for name in os.listdir(pbt_dir(exp_dir)):
-        if name.startswith("transfer_"):
+        if name.startswith(TRANSFER_PREFIX):
             os.remove(os.path.join(pbt_dir(exp_dir), name))
     return members
 

@@ -9,16 +9,22 @@ decides what to do with it.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import multiprocessing
 import os
 import signal
+import sys
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from appo.messages import WorkerFailed
 from utils.logs import log
-from utils.process import EXIT_FATAL, start_component
+from utils.process import EXIT_FATAL, FatalError, die_with_parent
 from utils.queues import forget_waiters, release_if_held_by
 
 RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
@@ -26,6 +32,8 @@ RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one wo
 
 @dataclass
 class Worker:
+    """One worker as the supervisor knows it: how to start it, and what its process last said or did."""
+
     name: str
     module: str
     function: str
@@ -50,6 +58,8 @@ class Worker:
 
 @dataclass
 class Death:
+    """A worker whose process ended, with its cause."""
+
     worker: Worker
     cause: str
     # A crash before the worker was ready, or a fatal error: a replacement would fail the same way.
@@ -57,6 +67,9 @@ class Death:
 
 
 class Supervisor:
+    """Owns the worker processes of one machine (the runner's, or a Ray node's sampler group); writes nothing in
+    shared memory itself (a dead worker's `cleanup` lowers the flags it may have left raised)."""
+
     def __init__(self, report_queue, max_restarts: int):
         self.report_queue, self.max_restarts = report_queue, max_restarts
         self.workers: dict[str, Worker] = {}
@@ -80,9 +93,9 @@ class Supervisor:
         worker = self.workers[name]
         worker.ready, worker.ready_at = True, time.monotonic()
 
-    def on_error(self, name: str, text: str, fatal: bool) -> None:
-        worker = self.workers[name]
-        worker.error, worker.fatal = text, fatal
+    def on_failed(self, failure: WorkerFailed) -> None:
+        worker = self.workers[failure.name]
+        worker.error, worker.fatal = failure.cause, failure.fatal
 
     def all_ready_at(self) -> float | None:
         """When the last worker (of every role) reported ready; None while one has not."""
@@ -189,3 +202,26 @@ class Supervisor:
             if process.is_alive():
                 process.kill()
                 process.join()
+
+
+def start_component(name: str, report_queue, module: str, function: str, parent_pid: int, *args: Any) -> None:
+    """Entry point of every forked worker: import its module here, so torch loads only where needed; a crash is
+    reported to the runner as a `WorkerFailed` (with the traceback) and the process exits non-zero."""
+    die_with_parent(parent_pid, name)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        getattr(importlib.import_module(module), function)(*args)
+    except FatalError as exc:
+        log.error("%s: %s", name, exc)
+        _report_and_exit(report_queue, WorkerFailed(name, str(exc), fatal=True), EXIT_FATAL)
+    except Exception:
+        text = traceback.format_exc()
+        log.error("%s crashed:\n%s", name, text)
+        _report_and_exit(report_queue, WorkerFailed(name, text, fatal=False), 1)
+
+
+def _report_and_exit(report_queue, failure: WorkerFailed, code: int) -> None:
+    with contextlib.suppress(Exception):
+        report_queue.put(failure, timeout=1.0)
+    sys.stdout.flush()
+    os._exit(code)

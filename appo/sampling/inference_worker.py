@@ -4,14 +4,18 @@ A request (a bumped `request_count[policy, worker, split]`, with the step in `re
 env-agents of that split acting for this policy have their observation at step t of their current slots.
 The worker finds every pending request of the actors it serves (`worker % --policy_workers_per_policy`),
 gathers their observations, runs each policy's model once, writes actions, log-probs, values, versions and
-next RNN states into the same slots, and bumps the answer counters; actors asleep get a wake-up message.
-A worker serves one policy, or with --shared_inference_workers every policy (`cfg.inference_shards`): with
-several policies each split step asks every policy acting in it, and one process answering all of them
-saves a process wake-up per policy.
+next RNN states into the same slots, and bumps the answer counters; actors asleep get a wake-up (WAKE).
+A worker serves the acting ids of one inference shard (appo/config/topology.py): one policy and its snapshots,
+or with --shared_inference_workers every policy: with several policies each split step asks every policy acting
+in it, and one process answering all of them saves a process wake-up per policy.
 
 Non-finite observations are set to 0 before the forward pass (in the batch and in the slots, so the
 learner trains on what the policy saw), logged once per env and counted. Everything a replacement
 needs after a crash is in shared memory: it answers whatever requests are pending.
+
+Writes: control.inference.answer_count (of the actors it serves) and idle[shard, index]; in the requested slots'
+steps traj.actions, log_probs, values, policy_versions, rnn_states (the next step's) and zeroed non-finite obs.
+Sends: WAKE to sleeping actors, WorkerReady and InferenceReport to the runner.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import torch
 from faster_fifo import Empty
 
 from appo.config.topology import inference_name, inference_shards
+from appo.config.views import InferenceConfig
 from appo.learning.device import resolve_device
 from appo.learning.model import ActorCritic
 from appo.learning.weights import WeightsSubscriber
-from appo.memory.buffers import WAKE_TIMEOUT_S, Layout, TrajBuffers
-from appo.memory.control import SharedControl
+from appo.memory.buffers import WAKE_TIMEOUT_S
+from appo.memory.context import WorkerContext
+from appo.messages import WAKE, InferenceReport, WorkerReady
 from appo.population.matchmaking import num_acting_ids
 from utils.logs import log
 from utils.process import init_worker
@@ -40,36 +46,38 @@ MAX_BATCH_WAIT_S = 0.002
 
 
 class InferenceWorker:
-    """Serves the requests of `policies` (one, or all with --shared_inference_workers) from the actors w with
-    w % --policy_workers_per_policy == index: one forward pass per policy over every pending request."""
+    """Serves the requests of its shard's acting ids (`policies`) from the actors w with
+    w % --policy_workers_per_policy == index: one forward pass per acting id over every pending request.
 
-    def __init__(self, cfg, layout: Layout, spaces, group: int, index: int, traj: TrajBuffers,
-                 control: SharedControl, wake_queue, actor_inboxes: list, report_queue, weights_names: list[str]):
-        self.cfg, self.layout, self.group, self.index = cfg, layout, group, index
-        self.policies = inference_shards(cfg)[group]  # consecutive policy ids
-        self.name = inference_name(cfg, group, index)
-        self.control, self.wake_queue = control, wake_queue
+    `setup()` loads the weights; `step(timeout)` serves one batch, blocking at most `timeout` seconds."""
+
+    def __init__(self, ctx: WorkerContext, shard: int, index: int):
+        ctx = ctx.for_role(InferenceConfig)  # the flags this role reads, and no others
+        cfg, layout, control = ctx.cfg, ctx.layout, ctx.control
+        self.cfg, self.layout, self.shard, self.index = cfg, layout, shard, index
+        self.policies = inference_shards(cfg)[shard]  # consecutive acting ids
+        self.name = inference_name(cfg, shard, index)
+        self.control, self.wakeups = control, ctx.queues.inference_wakeups[shard][index]
         # The actors this worker serves, and views of their request and answer counters [policy, worker, split].
         k, served = cfg.policy_workers_per_policy, slice(self.policies[0], self.policies[-1] + 1)
         self.workers = np.arange(index, cfg.num_workers, k)
         self.request_count = control.actors.request_count[served, index::k]
         self.answer_count = control.inference.answer_count[served, index::k]
         self.request_step = control.actors.request_step[served, index::k]
-        self.actor_inboxes, self.report_queue = actor_inboxes, report_queue
+        self.actor_inboxes, self.report_queue = ctx.queues.actor_inboxes, ctx.queues.report
         self.device = resolve_device(cfg.device)
-        self.traj = traj
-        self.models = [ActorCritic(*spaces, cfg).to(self.device).eval() for _ in self.policies]
+        self.traj = ctx.traj
+        self.models = [ActorCritic(*ctx.spaces, cfg).to(self.device).eval() for _ in self.policies]
         for model in self.models:
             model.set_bf16_images(cfg.inference_bf16)
-        # A self-play snapshot (acting id >= --num_policies) is attached at its first request: it may not exist yet.
-        self.weights_names = weights_names
-        self.weights: list[WeightsSubscriber | None] = [
-            WeightsSubscriber(model, weights_names[p], control, p) if p < cfg.num_policies else None
-            for model, p in zip(self.models, self.policies)]
+        # Attached in `setup` (a policy's: it waits there for its learner's first publication) or, for a self-play
+        # snapshot (acting id >= --num_policies, which may not exist yet), at its first request.
+        self.weights_names = ctx.weights_names
+        self.weights: list[WeightsSubscriber | None] = [None] * len(self.policies)
         self.single_id = num_acting_ids(cfg) == 1
         self.generator = torch.Generator(self.device)
         if cfg.seed is not None:
-            self.generator.manual_seed(cfg.seed + 7919 * (group * k + index))
+            self.generator.manual_seed(cfg.seed + 7919 * (shard * k + index))
         else:
             self.generator.seed()
         self.timing = Timing()
@@ -88,26 +96,38 @@ class InferenceWorker:
         streams = len(self.workers) * cfg.worker_num_splits
         self.min_batch_requests = max(1, streams // 4)
         self.request_rate = 0.0  # streams asking per second, measured over the last report interval
+        self.last_report = time.monotonic()
 
     def run(self) -> None:
-        for local in range(len(self.policies)):
-            if self.weights[local] is not None:
-                self.weights[local].update()
-        self.report_queue.put(("ready", self.name))
-        last_report = time.monotonic()
+        self.setup()
         while not self.control.runner.stop[0]:
-            with self.timing.time("wait"):
-                requests = self._next_requests()
-            if len(requests[0]):
-                self._serve(requests)
-                with self.timing.time("forward"):  # answering is part of serving in the time shares
-                    self._answer(requests)
-            now = time.monotonic()
-            if now - last_report > REPORT_INTERVAL_S:
-                self.request_rate = self.requests / (now - last_report)
-                self._report()
-                last_report = now
-        self._report()
+            self.step(WAKE_TIMEOUT_S)
+        self.close()
+
+    def setup(self) -> None:
+        """Load the published weights of the policies (waiting for their learners' first publication; a
+        snapshot's come at its first request), report ready."""
+        for local, p in enumerate(self.policies):
+            if p < self.cfg.num_policies:
+                self._weights(local).update()
+        self.report_queue.put(WorkerReady(self.name))
+        self.last_report = time.monotonic()
+
+    def step(self, timeout: float) -> None:
+        """Serve every pending request (waiting at most `timeout` seconds for some), report once a second."""
+        with self.timing.time("wait"):
+            requests = self._next_requests(timeout)
+        if len(requests[0]):
+            self._serve(requests)
+            with self.timing.time("forward"):  # answering is part of serving in the time shares
+                self._answer(requests)
+        now = time.monotonic()
+        if now - self.last_report > REPORT_INTERVAL_S:
+            self.request_rate = self.requests / (now - self.last_report)
+            self.report()
+
+    def close(self) -> None:
+        self.report()
 
     def _weights(self, local: int) -> WeightsSubscriber:
         if self.weights[local] is None:
@@ -125,28 +145,29 @@ class InferenceWorker:
             return len(requests[0])
         return len(set(zip(requests[1].tolist(), requests[2].tolist())))
 
-    def _next_requests(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _next_requests(self, timeout: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every pending request; when fewer streams than min_batch_requests ask, after a wait for the missing
-        ones. With none pending, sleep on the wake-up queue (actors send a wake-up while `inference_idle`)."""
+        ones. With none pending, wait on the wake-up queue (actors send a wake-up while `idle` is raised).
+        No wait is longer than `timeout`."""
         requests = self._pending()
         if not len(requests[0]):
-            idle = self.control.inference.idle[self.group]
+            idle = self.control.inference.idle[self.shard]
             idle[self.index] = 1
             requests = self._pending()  # a request may have come before the flag was seen
             if not len(requests[0]):
                 with contextlib.suppress(Empty):
-                    self.wake_queue.get_many(timeout=WAKE_TIMEOUT_S)
+                    self.wakeups.get_many(block=timeout > 0, timeout=min(timeout, WAKE_TIMEOUT_S))
                 requests = self._pending()
             idle[self.index] = 0
         missing = self.min_batch_requests - self._streams(requests)
-        if len(requests[0]) and missing > 0 and self.request_rate > 0:
-            time.sleep(min(MAX_BATCH_WAIT_S, missing / self.request_rate))
+        if len(requests[0]) and missing > 0 and self.request_rate > 0 and timeout > 0:
+            time.sleep(min(MAX_BATCH_WAIT_S, timeout, missing / self.request_rate))
             requests = self._pending()
         return requests
 
     def _locate(self, requests: tuple[np.ndarray, np.ndarray, np.ndarray]
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Slot, step and acting id (None when only one id exists) of every env-agent the requests name, grouped
+        """Slot, step and acting id (None when only one id exists) of every env-agent the requests name, ordered
         by acting id: a request of id k for split s covers the agents of s that id k acts for."""
         local, rows, splits = requests
         workers = self.workers[rows]
@@ -177,23 +198,23 @@ class InferenceWorker:
                 obs[key] = torch.from_numpy(rows).to(device)
             rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
         if acting is None:
-            groups = [(0, 0, len(slots))]
+            id_rows = [(0, 0, len(slots))]  # (acting id among this worker's, first row, end row)
         else:
             ids, starts = np.unique(acting, return_index=True)
             ends = [*starts[1:].tolist(), len(slots)]
-            groups = [(i - self.policies[0], a, b) for i, a, b in zip(ids.tolist(), starts.tolist(), ends)]
+            id_rows = [(i - self.policies[0], a, b) for i, a, b in zip(ids.tolist(), starts.tolist(), ends)]
         outputs, versions = [], []
-        for local, begin, end in groups:
+        for local, begin, end in id_rows:
             with timing.time("weights"):
                 weights = self._weights(local)
                 weights.update()
             with timing.time("forward"):
-                part = slice(begin, end) if len(groups) > 1 else slice(None)
+                part = slice(begin, end) if len(id_rows) > 1 else slice(None)
                 outputs.append(self.models[local].forward_step({key: x[part] for key, x in obs.items()},
                                                                 rnn_states[part]))
                 versions.append(weights.version)
         with timing.time("forward"):
-            params, values, next_rnn_states = (torch.cat(parts) for parts in zip(*outputs)) if len(groups) > 1 \
+            params, values, next_rnn_states = (torch.cat(parts) for parts in zip(*outputs)) if len(id_rows) > 1 \
                 else outputs[0]
             dist = self.models[0].distribution(params)  # every acting id has the same action space
             actions = dist.sample(self.generator)
@@ -201,12 +222,12 @@ class InferenceWorker:
             traj.actions[slots, steps] = actions.cpu().numpy()
             traj.log_probs[slots, steps] = log_probs.cpu().numpy()
             traj.values[slots, steps] = values.cpu().numpy()
-            traj.policy_versions[slots, steps] = (versions[0] if len(groups) == 1 else
-                                                  np.repeat(versions, [end - begin for _, begin, end in groups]))
+            traj.policy_versions[slots, steps] = (versions[0] if len(id_rows) == 1 else
+                                                  np.repeat(versions, [end - begin for _, begin, end in id_rows]))
             if self.cfg.use_rnn:
                 traj.rnn_states[slots, steps + 1] = next_rnn_states.cpu().numpy()
         self.samples += len(slots)
-        self.batches += len(groups)
+        self.batches += len(id_rows)
 
     def _sanitize(self, key: str, array: np.ndarray, rows: np.ndarray, slots: np.ndarray, steps: np.ndarray
                   ) -> np.ndarray:
@@ -236,21 +257,20 @@ class InferenceWorker:
         self.answer_count[local, rows, splits] += 1  # publishes the results: written last
         workers = self.workers[rows]
         for worker in set(workers[self.control.actors.waiting[workers] == 1].tolist()):
-            self.actor_inboxes[worker].put(("wake",))
+            self.actor_inboxes[worker].put(WAKE)
         self.requests += self._streams(requests)
 
-    def _report(self) -> None:
+    def report(self) -> None:
+        """Send the runner what was served since the last report."""
+        self.last_report = time.monotonic()
         versions = ", ".join(str(weights.version) for weights in self.weights if weights is not None)
-        self.report_queue.put(("inference", self.name, {
-            "samples": self.samples, "batches": self.batches, "timing": self.timing.take(), "nonfinite": self.nonfinite,
-            "state": f"weights version {versions}",
-        }))
+        self.report_queue.put(InferenceReport(name=self.name, samples=self.samples, batches=self.batches,
+                                              timing=self.timing.take(), nonfinite=self.nonfinite,
+                                              state=f"weights version {versions}"))
         self.samples = self.batches = self.requests = self.nonfinite = 0
 
 
-def run_inference_worker(cfg, layout, spaces, group, index, traj, control, wake_queue, actor_inboxes, report_queue,
-                         weights_names) -> None:
-    init_worker(cfg, cpu=None, single_thread=True)
+def run_inference_worker(ctx: WorkerContext, shard: int, index: int) -> None:
+    init_worker(ctx.cfg, cpu=None, single_thread=True)
     torch.set_num_threads(1)
-    InferenceWorker(cfg, layout, spaces, group, index, traj, control, wake_queue, actor_inboxes, report_queue,
-                    weights_names).run()
+    InferenceWorker(ctx, shard, index).run()

@@ -1,9 +1,11 @@
 """A sampler group: actor workers and the inference workers that serve them, over one set of trajectory buffers.
 
-On one machine the group is the whole control, next to the learners in the same buffers (appo/run/runner.py). On a
-Ray cluster each node runs a group of its own, and a collector in its place of the learners ships the finished
+On one machine the group is the whole sampler, next to the learners in the same buffers (appo/run/graph.py). On a
+Ray cluster each node runs a group of its own, and a collector in place of the learners ships the finished
 trajectories to the head (appo/run/ray_backend.py). Either way the group only registers its processes with a
-`Supervisor` and knows their queues and shared-memory flags; watching and replacing them is the supervisor's job.
+supervisor and knows their queues and shared-memory flags; watching and replacing them is the supervisor's job.
+It writes no shared memory itself, except the flags a dead worker leaves raised (control.actors.waiting and
+call, control.inference.idle).
 """
 
 from __future__ import annotations
@@ -11,69 +13,68 @@ from __future__ import annotations
 import time
 
 from appo.config.topology import inference_name, inference_shards
-from appo.memory.buffers import Layout, TrajBuffers
-from appo.memory.control import ENV_CALLS, SharedControl
-from appo.run.supervisor import Supervisor
+from appo.memory.context import WorkerContext
+from appo.memory.control import ENV_CALLS
 from utils.queues import make_queue
 
 
+def sampler_queues(cfg) -> tuple[list, list[list]]:
+    """A group's inboxes: one per actor worker, and the wake-up queues of the inference workers [shard][index]
+    (requests themselves go through shared memory)."""
+    actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
+    wakeups = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)] for _ in inference_shards(cfg)]
+    return actor_inboxes, wakeups
+
+
 class SamplerGroup:
-    def __init__(self, cfg, layout: Layout, spaces, traj: TrajBuffers, control: SharedControl, learner_inboxes: list,
-                 report_queue, weights_names: list[str]):
-        """`learner_inboxes[p]` is where actors send ("traj", slots) hints for policy p; `weights_names[id]` the
-        weights segment of every acting id."""
-        self.cfg, self.layout, self.spaces = cfg, layout, spaces
-        self.traj, self.control = traj, control
-        self.learner_inboxes, self.report_queue, self.weights_names = learner_inboxes, report_queue, weights_names
-        self.actor_inboxes = [make_queue() for _ in range(cfg.num_workers)]
-        # Wake-up queues of the inference workers, [group][index]; requests themselves go through memory.
-        self.inference_queues = [[make_queue(10_000) for _ in range(cfg.policy_workers_per_policy)]
-                                 for _ in inference_shards(cfg)]
+    """The actors and inference workers of one machine; `ctx.queues` must hold the group's `sampler_queues`."""
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+        self.cfg = ctx.cfg
 
     def queues(self) -> list[tuple[str, object]]:
         """The group's queues with readable names (for the repair after a death, see utils/queues.py)."""
-        named = [(f"actor_{w} inbox", q) for w, q in enumerate(self.actor_inboxes)]
-        named += [(f"{inference_name(self.cfg, g, i)} wake-up queue", q)
-                  for g, queues in enumerate(self.inference_queues) for i, q in enumerate(queues)]
+        queues = self.ctx.queues
+        named = [(f"actor_{w} inbox", q) for w, q in enumerate(queues.actor_inboxes)]
+        named += [(f"{inference_name(self.cfg, shard, i)} wake-up queue", q)
+                  for shard, wakeups in enumerate(queues.inference_wakeups) for i, q in enumerate(wakeups)]
         return named
 
-    def start(self, supervisor: Supervisor) -> None:
+    def start(self, supervisor) -> None:
         """Start the inference workers, then the actors; each with the flags its death may leave raised."""
-        cfg, layout, control = self.cfg, self.layout, self.control
-        for g in range(len(self.inference_queues)):
-            for i in range(cfg.policy_workers_per_policy):
-                supervisor.add(inference_name(cfg, g, i), "appo.sampling.inference_worker", "run_inference_worker",
-                               lambda g=g, i=i: (cfg, layout, self.spaces, g, i, self.traj, control,
-                                                 self.inference_queues[g][i], self.actor_inboxes, self.report_queue,
-                                                 self.weights_names),
+        ctx, control, queues = self.ctx, self.ctx.control, self.ctx.queues
+        for shard, wakeups in enumerate(queues.inference_wakeups):
+            for i, wakeup in enumerate(wakeups):
+                supervisor.add(inference_name(self.cfg, shard, i), "appo.sampling.inference_worker",
+                               "run_inference_worker", lambda shard=shard, i=i: (ctx, shard, i),
                                # actors must stop sending wake-ups to a queue nobody reads
-                               cleanup=lambda g=g, i=i: control.inference.idle.__setitem__((g, i), 0),
-                               inbox=self.inference_queues[g][i])
-        for w in range(cfg.num_workers):
-            supervisor.add(f"actor_{w}", "appo.sampling.actor_worker", "run_actor_worker", lambda w=w: (
-                cfg, layout, w, self.traj, control, self.actor_inboxes[w], self.inference_queues,
-                self.learner_inboxes, self.report_queue),
-                cleanup=lambda w=w: (control.actors.waiting.__setitem__(w, 0), control.actors.call.__setitem__(w, 0)),
-                inbox=self.actor_inboxes[w])
+                               cleanup=lambda shard=shard, i=i: control.inference.idle.__setitem__((shard, i), 0),
+                               inbox=wakeup)
+        for w, inbox in enumerate(queues.actor_inboxes):
+            supervisor.add(f"actor_{w}", "appo.sampling.actor_worker", "run_actor_worker", lambda w=w: (ctx, w),
+                           cleanup=lambda w=w: (control.actors.waiting.__setitem__(w, 0),
+                                                control.actors.call.__setitem__(w, 0)),
+                           inbox=inbox)
 
-    def kill_hung_actors(self, supervisor: Supervisor) -> None:
+    def kill_hung_actors(self, supervisor) -> None:
         """An actor inside one env call for longer than --env_timeout_seconds is killed (and then replaced)."""
-        control, now = self.control, time.monotonic()
+        actors, now = self.ctx.control.actors, time.monotonic()
         for w in range(self.cfg.num_workers):
-            call, since = int(control.actors.call[w]), float(control.actors.call_since[w])
+            call, since = int(actors.call[w]), float(actors.call_since[w])
             worker = supervisor.workers[f"actor_{w}"]
             if call and now - since > self.cfg.env_timeout_seconds and not worker.killed_because:
                 supervisor.kill(worker.name, f"stuck for {now - since:.0f} s in env.{ENV_CALLS[call]} of "
-                                f"its env {int(control.actors.call_env[w])} (--env_timeout_seconds="
+                                f"its env {int(actors.call_env[w])} (--env_timeout_seconds="
                                 f"{self.cfg.env_timeout_seconds:g})")
 
     def env_calls(self) -> dict[str, str]:
         """For the stall report: which env call each actor is inside right now, and for how long."""
-        now, calls = time.monotonic(), {}
+        actors, now, calls = self.ctx.control.actors, time.monotonic(), {}
         for w in range(self.cfg.num_workers):
-            call = int(self.control.actors.call[w])
+            call = int(actors.call[w])
             if call:
-                since = now - float(self.control.actors.call_since[w])
-                calls[f"actor_{w}"] = (f"inside env.{ENV_CALLS[call]} of env "
-                                       f"{int(self.control.actors.call_env[w])} for {since:.0f} s")
+                since = now - float(actors.call_since[w])
+                calls[f"actor_{w}"] = (f"inside env.{ENV_CALLS[call]} of env {int(actors.call_env[w])} "
+                                       f"for {since:.0f} s")
         return calls

@@ -1,1 +1,2 @@
-"""After training: load a trained policy, watch it (enjoy), export it (ONNX, TorchScript), plot curves."""
+"""After training: watch a trained policy (enjoy), export it (ONNX, TorchScript), plot learning curves. Loading a
+policy is appo/learning/trained_policy.py (the evaluator uses it during training too)."""

@@ -1,6 +1,6 @@
 """Watch or evaluate a trained policy in one process, without the trainer.
 
-    python -m appo.tools.enjoy --experiment=cartpole --episodes=10 --deterministic --save_video
+    python -m appo.enjoy --experiment=cartpole --episodes=10 --deterministic --save_video
 
 Loads the newest intact checkpoint (or `--checkpoint`) with the run's `cfg.json`, plays `--episodes`
 episodes and prints the mean and std of the return and length. `--save_video` writes an mp4 of the env's
@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from appo.config.cfg import ConfigError, str2bool
-from appo.tools.trained_policy import (
+from appo.learning.trained_policy import (
     Episode,
     PolicyLoadError,
     TrainedPolicy,
@@ -36,7 +36,7 @@ from utils.process import EXIT_BAD_INPUT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("python -m appo.tools.enjoy", __doc__, "Which policy of a multi-policy run plays.")
+    parser = command_parser("python -m appo.enjoy", __doc__, "Which policy of a multi-policy run plays.")
     add = parser.add_argument
     add("--episodes", type=int, default=10, help="Episodes to play.")
     add("--deterministic", type=str2bool, nargs="?", const=True, default=False,
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             video_path = os.path.join(video_dir, f"policy{args.policy}_v{policy.version}.mp4")
         env, recorder = make_play_env(policy, video_path, args.fps)
     except (PolicyLoadError, ConfigError, EnvError) as exc:
-        print(f"appo.tools.enjoy: error: {exc}", file=sys.stderr)
+        print(f"appo.enjoy: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     log.info("Playing policy %d of %s (version %d, %d env steps)", args.policy, policy.checkpoint, policy.version,
              policy.env_steps)

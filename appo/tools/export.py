@@ -1,6 +1,6 @@
 """Export a trained policy as ONNX or TorchScript, for use without this trainer.
 
-    python -m appo.tools.export --experiment=cartpole --format=onnx [--out policy.onnx]
+    python -m appo.export --experiment=cartpole --format=onnx [--out policy.onnx]
 
 The exported model maps a batch of observations (one input per observation key, named after it; `obs`
 for a Box space) and, for a recurrent policy, the recurrent state `rnn_states` [batch, state size] to:
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from appo.config.cfg import ConfigError
 from appo.learning.model import ActorCritic
+from appo.learning.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
 from appo.spaces import obs_spaces
-from appo.tools.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
 from envs import EnvError
 from utils.process import EXIT_BAD_INPUT
 
@@ -115,7 +115,7 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("python -m appo.tools.export", __doc__, "Which policy of a multi-policy run to export.")
+    parser = command_parser("python -m appo.export", __doc__, "Which policy of a multi-policy run to export.")
     add = parser.add_argument
     add("--format", type=str, default="onnx", choices=sorted(FORMATS), help="File format.")
     add("--out", type=str, default=None,
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         policy = load_policy(policy_source(args), args.policy)
     except (ConfigError, PolicyLoadError, EnvError) as exc:
-        print(f"appo.tools.export: error: {exc}", file=sys.stderr)
+        print(f"appo.export: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     out = args.out or os.path.join(policy.exp_dir, "export", f"policy{args.policy}{FORMATS[args.format]}")
     path = export_policy(policy, args.format, out)

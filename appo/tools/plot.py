@@ -1,6 +1,6 @@
 """Learning curves from the runs' tensorboard summaries, as a PNG.
 
-    python -m appo.tools.plot train_dir/cartpole_0 train_dir/cartpole_1 train_dir/cartpole_2 --out curves.png
+    python -m appo.plot train_dir/cartpole_0 train_dir/cartpole_1 train_dir/cartpole_2 --out curves.png
 
 Each RUN_DIR is an experiment dir (its `summaries/<policy>` event files are read with tensorboard's
 reader). Runs whose names differ only in a trailing `_<number>` (seeds) form one curve: their mean, with
@@ -96,7 +96,7 @@ def plot(run_dirs: list[str], out: str, x: str = "env_steps", tag: str = "episod
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m appo.tools.plot", description=__doc__, allow_abbrev=False,
+    parser = OneLineParser(prog="python -m appo.plot", description=__doc__, allow_abbrev=False,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="Experiment dirs (train_dir/experiment).")
     parser.add_argument("--out", default="curves.png", help="PNG to write.")
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         path = plot(args.run_dirs, args.out, args.x, args.tag, args.policy, args.title)
     except ConfigError as exc:
-        print(f"appo.tools.plot: error: {exc}", file=sys.stderr)
+        print(f"appo.plot: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"plot: {path}")
     return 0

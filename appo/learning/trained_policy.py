@@ -24,10 +24,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from appo.config.cfg import ConfigError, OneLineParser, build_parser, env_kwargs, load_saved_cfg, resolve
+from appo.config.cfg import Config, ConfigError, OneLineParser, env_kwargs, resolve, saved_config
+from appo.config.views import EvaluatorConfig
 from appo.learning.checkpoint import BEST_NAME, checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.learning.model import ActorCritic
-from appo.sampling.actor_worker import extra_stats
+from appo.sampling.episodes import extra_stats
 from appo.spaces import obs_as_dict, obs_spaces, to_env_action
 from envs import env_info
 from envs.atari import is_atari_name
@@ -38,14 +39,13 @@ class PolicyLoadError(Exception):
     """The experiment or checkpoint cannot be loaded; the message names the path and what is missing."""
 
 
-def run_cfg(exp_dir: str) -> argparse.Namespace:
-    """The flags a run was trained with: the parser's defaults under the saved `cfg.json` (a run saved by an
-    older version lacks the flags added since)."""
+def run_cfg(exp_dir: str) -> Config:
+    """The flags a run was trained with: its saved `cfg.json`, with the defaults of the flags added since (a run
+    saved by an older version lacks them)."""
     path = os.path.join(exp_dir, "cfg.json")
     if not os.path.exists(path):
         raise PolicyLoadError(f"{exp_dir}: no cfg.json; is it an experiment dir (train_dir/experiment)?")
-    defaults = {action.dest: action.default for action in build_parser()._actions if action.dest != "help"}
-    return argparse.Namespace(**{**defaults, **load_saved_cfg(path)})
+    return saved_config(path)
 
 
 def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str, str]:
@@ -73,7 +73,7 @@ def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str
 class TrainedPolicy:
     """A model with its spaces. `act` samples (or, deterministic, takes the most likely action)."""
 
-    def __init__(self, model: ActorCritic, cfg: argparse.Namespace, obs_space: gym.Space, action_space: gym.Space,
+    def __init__(self, model: ActorCritic, cfg: Config | EvaluatorConfig, obs_space: gym.Space, action_space: gym.Space,
                  num_agents: int, device: torch.device, exp_dir: str | None = None, checkpoint: str | None = None,
                  version: int = 0, env_steps: int = 0):
         self.model, self.cfg, self.device = model.eval(), cfg, device
@@ -141,7 +141,7 @@ class Episode:
     extra: dict[str, float] = field(default_factory=dict)  # the env's info["episode_extra_stats"] at the end
 
 
-def episode_env_kwargs(cfg: argparse.Namespace) -> dict[str, Any]:
+def episode_env_kwargs(cfg: Config | EvaluatorConfig) -> dict[str, Any]:
     """The run's env kwargs for playing whole episodes: Atari plays whole games with unclipped scores."""
     kwargs = env_kwargs(cfg)
     if is_atari_name(cfg.env):

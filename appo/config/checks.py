@@ -1,0 +1,163 @@
+"""What a valid set of flags is: each flag against its own type, choices and range (the flag table,
+appo/config/flags.py), then the rules that tie flags together, one small named function each (`CHECKS`).
+
+A problem raises `ConfigError` with one line that names the flag and what would be valid. The checks read flags
+(from a `Config`, or an argparse.Namespace of the same names) and write nothing. Torch-free: `--encoder` is checked
+against the built-in names and those registered so far, without importing the model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from typing import Any
+
+from appo.config.flags import FLAG_NAMES, spec, value_type
+
+
+class ConfigError(Exception):
+    """A user-facing configuration problem; its message is printed as one line."""
+
+
+# The encoders appo/learning/model.py builds in (`auto` picks one of them by the observation).
+BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "small_cnn", "impala_resnet")
+
+KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+
+
+def is_kind(value: Any, kind: type) -> bool:
+    """Whether `value` is a `kind`: an int is a number too, a bool is no number."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def check_flag(name: str, value: Any) -> None:
+    """One flag on its own: its type, then its choices or its range."""
+    (kind, optional), flag = value_type(name), spec(name)
+    if value is None and optional:
+        return
+    if not is_kind(value, kind):
+        raise ConfigError(f"--{name}={value!r}: must be {KIND_NAMES[kind]}")
+    if flag.choices is not None and value not in flag.choices:
+        raise ConfigError(f"--{name}={value}: must be one of {', '.join(flag.choices)}")
+    if flag.valid is not None and value not in flag.valid:
+        raise ConfigError(f"--{name}={value}: {flag.valid.requirement(kind is int, flag.zero)}")
+
+
+def check_each_flag(cfg: Any) -> None:
+    for name in FLAG_NAMES:
+        check_flag(name, getattr(cfg, name))
+
+
+def check_ray_installed(cfg: Any) -> None:
+    if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError('--backend=ray needs Ray, which is not installed: pip install -e ".[ray]"')
+
+
+def check_inference_workers(cfg: Any) -> None:
+    if cfg.policy_workers_per_policy > cfg.num_workers:
+        raise ConfigError(f"--policy_workers_per_policy={cfg.policy_workers_per_policy}: more than "
+                          f"--num_workers={cfg.num_workers}; each inference worker serves its own actors")
+
+
+def check_splits(cfg: Any) -> None:
+    if cfg.num_envs_per_worker % cfg.worker_num_splits != 0:
+        raise ConfigError(f"--num_envs_per_worker={cfg.num_envs_per_worker} is not divisible by "
+                          f"--worker_num_splits={cfg.worker_num_splits}; use a multiple of it")
+
+
+def check_batch(cfg: Any) -> None:
+    if cfg.batch_size % cfg.rollout != 0:
+        raise ConfigError(f"--batch_size={cfg.batch_size} must be a multiple of --rollout={cfg.rollout}")
+
+
+def check_recurrence(cfg: Any) -> None:
+    if cfg.recurrence != -1 and (cfg.recurrence <= 0 or cfg.rollout % cfg.recurrence != 0):
+        raise ConfigError(f"--recurrence={cfg.recurrence} must be -1 or a positive divisor of --rollout={cfg.rollout}")
+    if not cfg.use_rnn and cfg.recurrence not in (-1, 1):
+        raise ConfigError(f"--recurrence={cfg.recurrence} needs --use_rnn=True (feed-forward models use 1)")
+
+
+def check_population(cfg: Any) -> None:
+    """--with_pbt needs policies to compare and a metric to compare them by."""
+    if not cfg.with_pbt:
+        return
+    if cfg.num_policies < 2:
+        raise ConfigError(f"--with_pbt=True needs a population: --num_policies={cfg.num_policies} must be 2 or more")
+    if not cfg.pbt_target_objective:
+        raise ConfigError("--pbt_target_objective: must name an episode metric, e.g. true_objective")
+
+
+def check_perturb_factors(cfg: Any) -> None:
+    if not 1 <= cfg.pbt_perturb_min <= cfg.pbt_perturb_max:
+        raise ConfigError(f"--pbt_perturb_min={cfg.pbt_perturb_min}, --pbt_perturb_max={cfg.pbt_perturb_max}: "
+                          "need 1 <= min <= max")
+
+
+def check_self_play(cfg: Any) -> None:
+    if cfg.self_play_opponents and cfg.num_policies > 1 and not cfg.shared_inference_workers:
+        raise ConfigError("--self_play_opponents needs --shared_inference_workers=True with several policies (the "
+                          "inference workers of a policy serve its snapshots too)")
+
+
+def check_policy_mapping(cfg: Any) -> None:
+    """--policy_mapping names a function that can be imported."""
+    if cfg.policy_mapping is None:
+        return
+    from appo.population.matchmaking import MappingError, load_mapping
+
+    try:
+        load_mapping(cfg.policy_mapping)
+    except MappingError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def check_device(cfg: Any) -> None:
+    if not (cfg.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", cfg.device)):
+        raise ConfigError(f"--device={cfg.device}: use cpu, cuda, cuda:N or auto")
+
+
+def env_kwargs(cfg: Any) -> dict[str, Any]:
+    """--env_kwargs as the dict passed to the env's make function."""
+    try:
+        kwargs = json.loads(cfg.env_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env_kwargs={cfg.env_kwargs}: not valid JSON ({exc})") from exc
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--env_kwargs={cfg.env_kwargs}: must be a JSON object such as '{{\"key\": 1}}'")
+    return kwargs
+
+
+def validate_encoder(name: str) -> None:
+    """Without importing torch: built-in names, `module:factory`, or names registered by a launcher
+    (which imported appo.learning.model to call register_encoder)."""
+    registered = sys.modules["appo.learning.model"].ENCODERS if "appo.learning.model" in sys.modules else {}
+    if name in BUILT_IN_ENCODERS or name in registered or ":" in name:
+        return
+    raise ConfigError(f"--encoder={name}: unknown; use {', '.join(BUILT_IN_ENCODERS)}, a name registered with "
+                      "appo.learning.model.register_encoder, or package.module:factory")
+
+
+def check_encoder(cfg: Any) -> None:
+    validate_encoder(cfg.encoder)
+
+
+def check_experiment_name(cfg: Any) -> None:
+    if not cfg.experiment or os.sep in cfg.experiment or cfg.experiment in (".", ".."):
+        raise ConfigError(f"--experiment={cfg.experiment!r}: must be a plain folder name")
+
+
+CHECKS = (check_each_flag, check_ray_installed, check_inference_workers, check_splits, check_batch, check_recurrence,
+          check_population, check_perturb_factors, check_self_play, check_policy_mapping, check_device,
+          env_kwargs,  # the JSON of --env_kwargs parses to a dict
+          check_encoder, check_experiment_name)
+
+
+def validate(cfg: Any) -> None:
+    """Every check, in order; the first problem raises `ConfigError`."""
+    for check in CHECKS:
+        check(cfg)

@@ -1,0 +1,418 @@
+"""The flag table: every flag of `python -m appo.train`, defined once, as a field of the frozen `Config`.
+
+A field's annotation is the flag's type; its `flag(...)` gives the default, the `--help` group and text, the
+Sample Factory aliases, the choices and the valid range. appo/config/cfg.py makes the parser and `--help` from
+this table, appo/config/checks.py checks values against it, and a run's `Config` (the flags after parsing,
+validation, resume, the env's defaults and `resolve`) is handed to the runner and to every worker, which reads
+its role's view of it (appo/config/views.py). Nothing writes to a `Config`; a changed copy is a new one
+(`dataclasses.replace`). Torch-free.
+"""
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# --help groups, in the order --help lists them
+EXPERIMENT = "experiment"
+SAMPLING = "sampling"
+MODEL = "model"
+LEARNING = "learning"
+PBT = "population-based training (PBT)"
+SELF_PLAY = "multi-agent envs and self-play"
+BENCHMARK = "benchmarking"
+STOPPING = "stopping, checkpoints and reporting"
+EVALUATION = "evaluation during training"
+
+REQUIRED = object()  # the default of a flag that must be given (--env)
+NO_BUDGET = 10_000_000_000  # the default of --train_for_env_steps and --train_for_seconds: no budget, the run goes on
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The values a number flag may take, written as in mathematics: "[0, 1]", "(0, 0.5]", "[1, inf)"."""
+
+    text: str
+    low: float
+    high: float
+    low_closed: bool
+    high_closed: bool
+
+    @staticmethod
+    def parse(text: str) -> "Interval":
+        found = re.fullmatch(r"([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])", text)
+        if found is None:
+            raise ValueError(f"{text!r} is not an interval such as '[0, 1]' or '(0, inf)'")
+        opening, low, high, closing = found.groups()
+        return Interval(text, float(low), float(high), opening == "[", closing == "]")
+
+    def __contains__(self, value: float) -> bool:
+        # Written so that NaN is outside every interval.
+        above = value >= self.low if self.low_closed else value > self.low
+        below = value <= self.high if self.high_closed else value < self.high
+        return above and below
+
+    def requirement(self, integer: bool, zero: str = "") -> str:
+        """What a value must be, as the error message says it: 'must be positive', 'must be within [0, 1]'."""
+        if self.high == math.inf:
+            if integer and self.low == 1 and self.low_closed:
+                return "must be a positive integer"
+            if self.low == 0 and not self.low_closed:
+                return "must be positive"
+            if self.low_closed:
+                return f"must be {self.low:g}{f' ({zero})' if zero else ''} or more"
+        return f"must be within {self.text}"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one flag is parsed, checked and explained (the metadata of its `Config` field)."""
+
+    group: str
+    help: str  # what the flag does, in one or two sentences
+    aliases: tuple[str, ...] = ()  # Sample Factory's names for it
+    choices: tuple[str, ...] | None = None
+    valid: Interval | None = None
+    zero: str = ""  # what 0 means, said in the range error ("must be 0 (no pool) or more")
+    details: Callable[[], str] | None = None  # a sentence --help computes from another module's constants
+
+
+def flag(default: Any, group: str, help: str, *, aliases: tuple[str, ...] = (), choices: tuple[str, ...] | None = None,
+         valid: str | None = None, zero: str = "", details: Callable[[], str] | None = None) -> Any:
+    """A `Config` field: its default (REQUIRED: none) and its `Flag`."""
+    spec = Flag(group, help, aliases, choices, None if valid is None else Interval.parse(valid), zero, details)
+    if default is REQUIRED:
+        return field(metadata={"flag": spec})
+    return field(default=default, metadata={"flag": spec})
+
+
+def pbt_bounds() -> str:
+    """The bounds PBT keeps each hyper-parameter within (appo/population/pbt.py MUTABLE), for --with_pbt's help."""
+    from appo.population.pbt import MUTABLE
+
+    bounds = ", ".join(f"{name} [{b.low:g}, {b.high:g}]" for name, b in MUTABLE.items())
+    return (f"Mutated, within bounds: {bounds} (gamma only with --pbt_optimize_gamma; max_grad_norm only when it is "
+            "not 0).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Every flag of a run, typed, after parsing, validation, resume, the env's defaults and `resolve`
+    (appo/config/cfg.py). Each field's `flag(...)` says what it does; `python -m appo.train --help` prints it."""
+
+    # ---------------------------------------------------------------- experiment
+    env: str = flag(REQUIRED, EXPERIMENT,
+                    "Environment id: anything gymnasium.make accepts, including 'package.module:EnvName-v0'.")
+    env_kwargs: str = flag("{}", EXPERIMENT,
+                           "JSON object of keyword arguments for the env's make function, e.g. "
+                           "'{\"step_seconds\": 0.001}'.")
+    experiment: str = flag("default_experiment", EXPERIMENT,
+                           "Experiment name; all outputs go to <train_dir>/<experiment>/.")
+    train_dir: str = flag("train_dir", EXPERIMENT, "Folder that holds experiment folders.")
+    restart: bool = flag(False, EXPERIMENT,
+                         "Start the experiment over instead of resuming from its latest checkpoint; the old experiment "
+                         "dir is not deleted but renamed to <experiment>_before_restart_<YYYYmmdd-HHMMSS> next to it.")
+    seed: int | None = flag(None, EXPERIMENT,
+                            "Seeds weights, env resets and action sampling. With one worker, split, policy and "
+                            "inference worker the run is then repeatable (the actor waits for each policy update).")
+    device: str = flag("auto", EXPERIMENT,
+                       "Where inference and learning run: cpu, cuda (or gpu), cuda:N, or auto (cuda when available).")
+
+    # ---------------------------------------------------------------- sampling
+    num_workers: int = flag(2, SAMPLING, "Number of actor (rollout) worker processes.", valid="[1, inf)")
+    num_envs_per_worker: int = flag(16, SAMPLING, "Environments stepped by each actor worker.", valid="[1, inf)")
+    worker_num_splits: int = flag(2, SAMPLING,
+                                  "Groups of envs per worker: one group steps while the other waits for actions "
+                                  "(double buffering).", valid="[1, inf)")
+    num_policies: int = flag(1, SAMPLING,
+                             "Number of policies trained together; each agent is mapped to a random policy per "
+                             "episode.", valid="[1, inf)")
+    policy_workers_per_policy: int = flag(1, SAMPLING,
+                                          "Inference worker processes per policy; actor w is served by worker w % N, "
+                                          "which batches all pending requests of its actors into one forward pass.",
+                                          valid="[1, inf)")
+    agent_policy_mapping: str = flag("auto", SAMPLING,
+                                     "Which policy acts for an env-agent: episode draws one per agent at every episode "
+                                     "start; split gives all envs of a split one policy for the whole run (splits "
+                                     "dealt round-robin), so a split step needs one forward pass instead of one per "
+                                     "policy. auto: split for single-agent envs when every policy gets a split, else "
+                                     "episode.", choices=("auto", "episode", "split"))
+    shared_inference_workers: bool = flag(True, SAMPLING,
+                                          "With several policies, each of the --policy_workers_per_policy inference "
+                                          "workers serves every policy (one process, one forward pass per policy); "
+                                          "False: that many workers for each policy.")
+    rollout: int = flag(32, SAMPLING, "Steps per trajectory sent from actors to the learner.", valid="[1, inf)")
+    min_traj_buffers_per_worker: int = flag(2, SAMPLING,
+                                            "Trajectory slots per env per worker; more slots let actors run ahead of "
+                                            "the learner.", valid="[1, inf)")
+    decorrelate_experience_max_seconds: float = flag(0.0, SAMPLING,
+                                                     "Each worker waits up to this many seconds before sampling so "
+                                                     "workers do not move in lockstep.")
+    decorrelate_envs_on_one_worker: bool = flag(True, SAMPLING,
+                                                "Take random actions for a random number of steps after the first "
+                                                "reset of each env.")
+    set_workers_cpu_affinity: bool = flag(False, SAMPLING,
+                                          "Pin each actor worker to one CPU core (round robin). Off by default: with "
+                                          "more workers than cores, pinned actors cannot move to a free core when "
+                                          "theirs is busy (measured in docs/PERFORMANCE.md).")
+    force_envs_single_thread: bool = flag(True, SAMPLING,
+                                          "Limit BLAS/OpenMP threads in actor workers to one, so envs do not "
+                                          "oversubscribe the cores.")
+    backend: str = flag("local", SAMPLING,
+                        "Where the workers run. local: every process on this machine. ray: the runner, learners and "
+                        "PBT stay on this machine (the head); each Ray node runs a sampler group (actor workers and an "
+                        "inference worker per policy) and ships trajectories back through Ray's object store (pip "
+                        "install -e \".[ray]\"; docs/cluster.md).", choices=("local", "ray"))
+    ray_address: str = flag("", SAMPLING,
+                            "With --backend=ray: the cluster to join, as given to ray.init (host:port of the head "
+                            "started with 'ray start --head', or auto). Empty: start a Ray instance on this machine "
+                            "alone.")
+    ray_workers_per_node: int = flag(0, SAMPLING,
+                                     "With --backend=ray: actor workers per sampler group (one group per node while "
+                                     "nodes are free); --num_workers counts them over the whole cluster. 0: split "
+                                     "--num_workers evenly over the nodes that have CPUs.",
+                                     valid="[0, inf)", zero="split evenly")
+    reset_timeout_seconds: float = flag(120.0, SAMPLING,
+                                        "Fail the run if an actor worker cannot create and reset its envs within this "
+                                        "many seconds.", valid="(0, inf)")
+    stall_timeout_seconds: float = flag(120.0, SAMPLING,
+                                        "Fail the run, naming what each worker waits for, if no env step is made for "
+                                        "this many seconds (counted from the moment every worker has started).",
+                                        valid="(0, inf)")
+    env_timeout_seconds: float = flag(60.0, SAMPLING,
+                                      "An actor inside one env's step or reset (or making an env) for longer than this "
+                                      "is killed and replaced; the log names the worker, the env and the call.",
+                                      valid="(0, inf)")
+    max_worker_restarts: int = flag(10, SAMPLING,
+                                    "A worker (actor, inference worker or learner) that dies is replaced, at most this "
+                                    "many times per worker within an hour; one more death stops the run with its "
+                                    "cause. 0: stop at the first death.", valid="[0, inf)")
+    default_niceness: int = flag(0, SAMPLING, "Niceness (Unix priority) of the worker processes.")
+    actor_sched_batch: bool = flag(True, SAMPLING,
+                                   "Linux: run actor workers under SCHED_BATCH, so an actor waking from env.step does "
+                                   "not preempt the inference worker or learner that every actor waits on (measured "
+                                   "in docs/PERFORMANCE.md). Off: the default policy.")
+    actor_niceness: int = flag(0, SAMPLING,
+                               "Extra niceness of actor workers. With more workers than cores, a few points let "
+                               "inference and learner run first (measured in docs/PERFORMANCE.md).", valid="[0, 19]")
+    learner_torch_threads: int = flag(1, SAMPLING,
+                                      "CPU threads for the learner's torch ops; more helps CPU-only training of CNNs "
+                                      "when cores are free.", valid="[1, inf)")
+    learner_bf16: bool = flag(False, SAMPLING,
+                              "On a CPU, the learner runs image encoders under bfloat16 autocast (heads, losses and "
+                              "weights stay float32), for faster SGD (docs/PERFORMANCE.md). No effect on CUDA or on "
+                              "vector observations.")
+    inference_bf16: bool = flag(False, SAMPLING,
+                                "On a CPU, inference workers run image encoders under bfloat16 autocast, for faster "
+                                "forward passes (docs/PERFORMANCE.md); actions are sampled from float32 outputs. No "
+                                "effect on CUDA or on vector observations.")
+    max_policy_lag: int = flag(100, SAMPLING,
+                               "Trajectories collected by a policy more than this many versions old are dropped and "
+                               "counted.", valid="[0, inf)")
+
+    # ---------------------------------------------------------------- model
+    encoder: str = flag("auto", MODEL,
+                        "Observation encoder: auto (mlp for vectors; for images nature_cnn, or small_cnn (3x3 "
+                        "convolutions) when a side is under 36 pixels; said at start-up), mlp, nature_cnn, small_cnn, "
+                        "impala_resnet, a name registered with appo.learning.model.register_encoder, or "
+                        "package.module:factory.")
+    actor_critic_share_weights: bool = flag(True, MODEL,
+                                            "One encoder (and core) for policy and value heads; False gives the critic "
+                                            "its own.")
+    normalize_input: bool = flag(True, MODEL,
+                                 "Normalise float observations by running mean/std (kept by the learner, used by "
+                                 "inference); uint8 images are scaled to [0, 1] either way.")
+    normalize_returns: bool = flag(True, MODEL,
+                                   "Learn values in units of the running mean/std of the value targets (with PopArt's "
+                                   "output preservation), so no --reward_scale has to be tuned to the task's reward "
+                                   "sizes.")
+    hidden_size: int = flag(64, MODEL, "Width of the MLP encoder layers and of the RNN core.", aliases=("rnn_size",),
+                            valid="[1, inf)")
+    mlp_layers: int = flag(2, MODEL, "Number of hidden layers in the MLP encoder.", valid="[0, inf)")
+    use_rnn: bool = flag(False, MODEL, "Use a recurrent core after the encoder.")
+    rnn_type: str = flag("gru", MODEL, "Type of the recurrent core: a GRU or an LSTM cell.", choices=("gru", "lstm"))
+    recurrence: int = flag(-1, MODEL,
+                           "Back-propagation through time length; must divide --rollout. -1: --rollout with RNN, "
+                           "else 1.")
+
+    # ---------------------------------------------------------------- learning
+    batch_size: int = flag(256, LEARNING, "Samples (env steps) per SGD minibatch.", valid="[1, inf)")
+    num_batches_per_iteration: int = flag(8, LEARNING,
+                                          "Minibatches per training iteration; an iteration uses batch_size * this "
+                                          "many fresh samples.", aliases=("num_batches_per_epoch",), valid="[1, inf)")
+    ppo_epochs: int = flag(4, LEARNING, "Passes over each iteration's samples.", aliases=("num_epochs",),
+                           valid="[1, inf)")
+    num_minibatches_to_accumulate: int = flag(2, LEARNING,
+                                              "When more minibatches than this wait at a learner, actors pause "
+                                              "collecting for that policy.", valid="[1, inf)")
+    ppo_clip_ratio: float = flag(0.1, LEARNING, "PPO clip e: the ratio is clipped to [1/(1+e), 1+e].",
+                                 valid="(0, inf)")
+    ppo_clip_value: float = flag(1.0, LEARNING,
+                                 "Value updates are clipped to this distance from the values at collection time.",
+                                 valid="(0, inf)")
+    with_vtrace: bool = flag(False, LEARNING,
+                             "Use V-trace targets and advantages (off-policy corrected) instead of GAE.")
+    vtrace_rho: float = flag(1.0, LEARNING, "V-trace rho-bar: clip of importance weights in targets.")
+    vtrace_c: float = flag(1.0, LEARNING, "V-trace c-bar: clip of the trace-cutting coefficients.")
+    gae_lambda: float = flag(0.98, LEARNING, "GAE lambda (used when --with_vtrace=False).", valid="[0, 1]")
+    gamma: float = flag(0.999, LEARNING, "Discount factor of future rewards.", valid="(0, 1]")
+    normalize_advantage: bool = flag(True, LEARNING,
+                                     "Normalise advantages to zero mean and unit std within each minibatch.")
+    value_bootstrap: bool = flag(True, LEARNING,
+                                 "On time-limit truncation add gamma * V(s) to the last reward instead of treating it "
+                                 "as death.")
+    reward_scale: float = flag(1.0, LEARNING,
+                               "Rewards are multiplied by this before learning (and before --reward_clip); with "
+                               "--normalize_returns=False it keeps value targets near 1-10, so the value loss does not "
+                               "dominate.")
+    reward_clip: float = flag(1000.0, LEARNING, "Scaled rewards are clipped to [-x, x].")
+    learning_rate: float = flag(1e-3, LEARNING, "Learning rate of the Adam optimizer.", valid="(0, inf)")
+    adam_eps: float = flag(1e-6, LEARNING, "Adam's epsilon, added to the denominator for numerical stability.",
+                           valid="(0, inf)")
+    adam_beta1: float = flag(0.9, LEARNING, "Adam's beta1: the decay rate of its running mean of gradients.")
+    adam_beta2: float = flag(0.999, LEARNING, "Adam's beta2: the decay rate of its running mean of squared gradients.")
+    max_grad_norm: float = flag(4.0, LEARNING, "Gradient norm clipping threshold; 0 disables it.")
+    exploration_loss: str = flag("entropy", LEARNING,
+                                 "Exploration bonus: policy entropy, or symmetric KL to a uniform/standard-normal "
+                                 "prior.", choices=("entropy", "symmetric_kl"))
+    exploration_loss_coeff: float = flag(0.003, LEARNING, "Weight of the exploration loss.")
+    value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.")
+
+    # ---------------------------------------------------------------- population-based training (PBT)
+    with_pbt: bool = flag(False, PBT,
+                          "Evolve the --num_policies policies while they train: every period, a policy ranked in the "
+                          "bottom fraction by its objective takes over the weights, optimizer state and "
+                          "hyper-parameters of a top one, and policies outside the top perturb their hyper-parameters "
+                          "and the env's reward shaping.", details=pbt_bounds)
+    pbt_period_env_steps: int = flag(25_000, PBT,
+                                     "Env steps of its own between two PBT decisions about a policy. The defaults of "
+                                     "the --pbt_* flags suit runs of minutes on a workstation "
+                                     "(scripts/pbt_experiment.py); runs of billions of steps want longer periods and "
+                                     "smaller perturbations (Sample Factory: 5M steps, 0.15, [1.1, 1.5]).",
+                                     valid="[1, inf)")
+    pbt_start_mutation: int = flag(25_000, PBT,
+                                   "No PBT decision about a policy before it has taken this many env steps.",
+                                   valid="[0, inf)")
+    pbt_replace_fraction: float = flag(0.3, PBT,
+                                       "Fraction of the population (rounded up, at most half) forming the top that is "
+                                       "copied and the bottom that is replaced.", valid="(0, 0.5]")
+    pbt_mutation_rate: float = flag(0.5, PBT,
+                                    "Probability that each hyper-parameter and shaping coefficient is perturbed when a "
+                                    "policy explores.", valid="[0, 1]")
+    pbt_replace_reward_gap: float = flag(0.1, PBT,
+                                         "A bottom policy is replaced only if the top one's objective exceeds its own "
+                                         "by this fraction of the larger magnitude of the two (works for negative "
+                                         "returns too), and by more than --pbt_replace_reward_gap_absolute.",
+                                         valid="[0, inf)")
+    pbt_replace_reward_gap_absolute: float = flag(1e-6, PBT,
+                                                  "The least amount by which the top policy's objective must exceed a "
+                                                  "bottom one's for a replacement (see --pbt_replace_reward_gap).",
+                                                  valid="[0, inf)")
+    pbt_optimize_gamma: bool = flag(False, PBT, "Let PBT mutate the discount factor too.")
+    pbt_perturb_min: float = flag(1.5, PBT,
+                                  "A perturbed value is multiplied or divided (even odds) by a factor drawn from "
+                                  "[--pbt_perturb_min, --pbt_perturb_max]; gamma and GAE lambda move on 1 - x.")
+    pbt_perturb_max: float = flag(4.0, PBT,
+                                  "See --pbt_perturb_min. Wide by default: a value 100x off, where the objective "
+                                  "barely responds, must still be left within a few dozen periods.")
+    pbt_target_objective: str = flag("true_objective", PBT,
+                                     "What PBT ranks by, averaged over --stats_avg episodes: true_objective is the "
+                                     "env's info['true_objective'] at an episode's end, or the episode return without "
+                                     "it; any other name is a numeric value in the info of an episode's last step, or "
+                                     "in its info['episode_extra_stats']. Never the shaped reward.")
+    pbt_mix_policies_in_one_env: bool = flag(True, PBT,
+                                             "Multi-agent envs: draw a policy per agent; False: one policy for all "
+                                             "agents of an env.")
+
+    # ---------------------------------------------------------------- multi-agent envs and self-play
+    policy_mapping: str | None = flag(None, SELF_PLAY,
+                                      "A package.module:function that decides the policies of an episode: "
+                                      "function(num_agents, num_policies, rng) returns one policy id per agent, called "
+                                      "at every episode start (rng: a numpy Generator). Default: a uniform draw per "
+                                      "agent (per env with --pbt_mix_policies_in_one_env=False).")
+    self_play_opponents: int = flag(0, SELF_PLAY,
+                                    "Self-play with an opponent pool: keep this many frozen snapshots of each policy, "
+                                    "served by the inference workers; in an episode one random seat plays the policy "
+                                    "and learns, the others its latest self or one snapshot. Multi-agent envs only; 0: "
+                                    "no pool (agents play the mapped policies).", valid="[0, inf)", zero="no pool")
+    self_play_snapshot_every: int = flag(100, SELF_PLAY,
+                                         "Policy versions (training iterations) between two snapshots; the newest "
+                                         "replaces the oldest.", valid="[1, inf)")
+    self_play_latest_fraction: float = flag(0.5, SELF_PLAY,
+                                            "Fraction of episodes in which the opponents are the policy's latest self "
+                                            "rather than a snapshot drawn uniformly from its pool (always the latest "
+                                            "self until the first snapshot exists).", valid="[0, 1]")
+
+    # ---------------------------------------------------------------- benchmarking
+    benchmark: bool = flag(False, BENCHMARK,
+                           "Run a fixed budget and print a throughput table (frames/s, time shares, bottleneck); also "
+                           "written to benchmark.json in the experiment dir.")
+    benchmark_env_steps: int = flag(2_000_000, BENCHMARK,
+                                    "Env steps after which a benchmark stops, counted once every actor is sampling.",
+                                    valid="[1, inf)")
+    benchmark_samples: int = flag(1_000_000, BENCHMARK,
+                                  "Trained samples after which a benchmark stops (whichever budget comes first).",
+                                  valid="[1, inf)")
+    sampler_only: bool = flag(False, BENCHMARK,
+                              "Actors and inference run, trajectories are recycled without learning: measures the "
+                              "sampler alone.")
+
+    # ---------------------------------------------------------------- stopping, checkpoints and reporting
+    train_for_env_steps: int = flag(NO_BUDGET, STOPPING, "Stop after this many env steps.", valid="[1, inf)")
+    train_for_seconds: float = flag(NO_BUDGET, STOPPING, "Stop after this many seconds of this session.",
+                                    valid="(0, inf)")
+    target_reward: float | None = flag(None, STOPPING,
+                                       "Stop (and mark done) once a policy's mean reward over the last --stats_avg "
+                                       "episodes reaches this.")
+    target_objective: float | None = flag(None, STOPPING,
+                                          "Stop (and mark done) once a policy's mean objective (see "
+                                          "--pbt_target_objective) over the last --stats_avg episodes reaches this, "
+                                          "e.g. a goal rate that the shaped reward does not show.")
+    save_every_sec: float = flag(60.0, STOPPING,
+                                 "Seconds between periodic checkpoints: what a crash of the main process (or the "
+                                 "machine) can lose. A learner that dies alone loses only the iteration it was "
+                                 "training.", valid="(0, inf)")
+    keep_checkpoints: int = flag(3, STOPPING, "Checkpoints kept per policy; older ones are deleted.", valid="[1, inf)")
+    experiment_summaries_interval: float = flag(10.0, STOPPING, "Seconds between tensorboard summary writes.",
+                                                valid="(0, inf)")
+    report_interval: float = flag(5.0, STOPPING, "Seconds between printed status lines.", valid="(0, inf)")
+    stats_avg: int = flag(100, STOPPING, "Episodes averaged in reported mean reward and length.", valid="[1, inf)")
+
+    # ---------------------------------------------------------------- evaluation during training
+    eval_every_env_steps: int = flag(0, EVALUATION,
+                                     "Every this many env steps of a policy, play --eval_episodes deterministic "
+                                     "episodes (most likely action) with its newest weights on envs of their own, in "
+                                     "one low-priority evaluator process; the results go to tensorboard (eval/) and "
+                                     "the status line. 0: no evaluation.", valid="[0, inf)", zero="no evaluation")
+    eval_episodes: int = flag(10, EVALUATION, "Episodes played per evaluation.", valid="[1, inf)")
+    save_best_metric: str = flag("reward", EVALUATION,
+                                 "Evaluation result that picks a policy's best weights, kept as "
+                                 "checkpoint_p<policy>/best.pth apart from the rolling checkpoints (higher is better): "
+                                 "reward (the mean return), or an episode metric the env reports in "
+                                 "info['episode_extra_stats'].")
+
+
+# Accepted on the command line only and never saved: Sample Factory's spelling of --restart.
+RESTART_BEHAVIORS = {"resume": False, "restart": True, "overwrite": True}
+RESTART_BEHAVIOR = Flag(EXPERIMENT,
+                        "Sample Factory's name for --restart: resume is False, restart and overwrite are True (the old "
+                        "experiment is renamed aside; nothing is ever deleted).",
+                        choices=tuple(sorted(RESTART_BEHAVIORS)))
+COMMAND_LINE_ONLY = {"restart_behavior": RESTART_BEHAVIOR}
+
+FLAG_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Config))
+
+
+def spec(name: str) -> Flag:
+    """The `Flag` of a field of `Config`, or of a command-line-only flag."""
+    if name in COMMAND_LINE_ONLY:
+        return COMMAND_LINE_ONLY[name]
+    return Config.__dataclass_fields__[name].metadata["flag"]
+
+
+def value_type(name: str) -> tuple[type, bool]:
+    """The type of a flag's values (bool, int, float or str), and whether it may be None."""
+    annotation = Config.__dataclass_fields__[name].type
+    kinds = getattr(annotation, "__args__", (annotation,))
+    return next(t for t in kinds if t is not type(None)), type(None) in kinds

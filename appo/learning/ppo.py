@@ -1,0 +1,161 @@
+"""One APPO training iteration over a batch of whole trajectories: the model, the optimizer and the maths.
+
+No processes, queues or shared memory here: the learner (appo/learning/learner.py) builds the batch and hands it to
+`ppo_updates`, which yields each minibatch's statistics. The loss terms themselves are in appo/learning/losses.py.
+A batch holds, per trajectory of T steps: obs [n, T+1, ...] (step T is the bootstrap observation), rnn_states
+[n, T+1, H], actions, log_probs and values (the behaviour policy's), rewards and dones [n, T], and with more than
+one acting id a `mask` [n, T] of the steps this policy took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from appo.config.hyperparams import Hyperparams
+from appo.learning import losses
+from appo.learning.model import ActorCritic
+
+
+def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
+           ) -> Tensor | dict[str, Tensor]:
+    """Rows `index` of a tensor, or of every tensor of an observation dict (optionally moved to device)."""
+    if isinstance(x, dict):
+        return {key: select(value, index, device) for key, value in x.items()}
+    rows = x[index]
+    return rows if device is None else rows.to(device)
+
+
+def replace_nonfinite_(batch: dict[str, Any]) -> int:
+    """Set non-finite observations (float keys) and rewards of a batch to 0 in place; returns how many."""
+    count = 0
+    for tensor in [*batch["obs"].values(), batch["rewards"]]:
+        if tensor.is_floating_point():
+            bad = ~torch.isfinite(tensor)
+            n = int(bad.sum())
+            if n:
+                tensor[bad] = 0.0
+                count += n
+    return count
+
+
+def forward_trajectories(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """Action params [n, T, ...] and values [n, T] of whole trajectories, cut into chunks of `recurrence` steps.
+
+    Each chunk starts from the RNN state the actor recorded at that step, so back-propagation runs
+    over at most `recurrence` steps; episode ends inside a chunk reset the state as during collection.
+    """
+    dones = batch["dones"]
+    n, length = dones.shape
+    chunks = n * length // recurrence
+    params, values = model.forward_sequence(
+        {key: obs[:, :-1].reshape(chunks, recurrence, *obs.shape[2:]) for key, obs in batch["obs"].items()},
+        batch["rnn_states"][:, :-1:recurrence].reshape(chunks, -1),
+        dones.reshape(chunks, recurrence),
+    )
+    return params.reshape(n, length, -1), values.reshape(n, length)
+
+
+@torch.no_grad()
+def bootstrap_values(model: ActorCritic, batch: dict[str, Any]) -> Tensor:
+    """Value [n] of the observation after each trajectory's last step, under the current weights.
+
+    Every other step already has its value from inference (the behaviour value, which is what PPO's
+    GAE and value clipping use), so only these 1/T of the observations need a forward pass here.
+    """
+    last_obs = {key: obs[:, -1:] for key, obs in batch["obs"].items()}
+    no_done = torch.zeros_like(batch["dones"][:, :1])
+    _, bootstrap = model.forward_sequence(last_obs, batch["rnn_states"][:, -1], no_done)
+    return bootstrap[:, 0]
+
+
+def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
+               mb: dict[str, Any], advantages: Tensor | None, targets: Tensor | None) -> dict[str, float] | None:
+    """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics, or None when
+    the loss or the gradient is not finite: then nothing changes (weights, optimizer, return statistics).
+
+    `mb` holds whole trajectories [n, T]; `values` are the behaviour values stored by inference (the
+    old values of PPO's value clipping) and `bootstrap` the value after the last step. With GAE the
+    advantages and targets are precomputed; with V-trace they are computed here from the current
+    policy's log-probabilities. Values are in reward units throughout; the value loss alone is taken in
+    the value head's units, which differ under --normalize_returns. `cfg` gives the run's fixed flags,
+    `hp` the policy's current hyper-parameters.
+    """
+    params, values = forward_trajectories(model, cfg.recurrence, mb)
+    dist = model.distribution(params)
+    log_probs = dist.log_prob(mb["actions"])
+    ratio = torch.exp(log_probs - mb["log_probs"])
+    mask = mb.get("mask")
+    if cfg.with_vtrace:
+        targets, advantages = losses.vtrace(
+            mb["log_probs"], log_probs.detach(), mb["rewards"], mb["dones"], values.detach(), mb["bootstrap"],
+            hp.gamma, cfg.vtrace_rho, cfg.vtrace_c)
+    if cfg.normalize_advantage:
+        advantages = losses.normalize(advantages, mask)
+
+    policy_loss = losses.ppo_policy_loss(ratio, advantages, hp.ppo_clip_ratio, mask)
+    norm = model.normalize_values
+    value_loss = losses.clipped_value_loss(norm(values), norm(mb["values"]), norm(targets), hp.ppo_clip_value, mask)
+    entropy = losses.masked_mean(dist.entropy(), mask)
+    if cfg.exploration_loss == "entropy":
+        exploration_loss = -entropy
+    else:
+        exploration_loss = losses.masked_mean(dist.symmetric_kl_to_prior(), mask)
+    loss = policy_loss + hp.value_loss_coeff * value_loss + hp.exploration_loss_coeff * exploration_loss
+
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return None
+    loss.backward()
+    grad_norm = clip_gradients(model, hp.max_grad_norm)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    model.update_return_stats(targets if mask is None else targets[mask > 0])  # used from the next step on
+
+    with torch.no_grad():
+        low, high = 1.0 / (1.0 + hp.ppo_clip_ratio), 1.0 + hp.ppo_clip_ratio
+        return {
+            "loss": loss.item(),
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "exploration_loss": exploration_loss.item(),
+            "entropy": entropy.item(),
+            "kl": losses.masked_mean(mb["log_probs"] - log_probs, mask).item(),
+            "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), mask).item(),
+            "grad_norm": float(grad_norm),
+            "values": losses.masked_mean(values, mask).item(),
+            "value_targets": losses.masked_mean(targets, mask).item(),
+        }
+
+
+def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
+    """The gradient's norm before clipping; with `max_grad_norm` > 0 the gradient is scaled down to at most that."""
+    if max_grad_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    return torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
+
+
+def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
+                batch: dict[str, Any]) -> Iterator[dict[str, float] | None]:
+    """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
+    bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then --ppo_epochs
+    passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
+    minibatch's statistics (None: a non-finite update, skipped) right after its step."""
+    model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
+    batch["bootstrap"] = bootstrap_values(model, batch)
+    advantages = targets = None
+    if not cfg.with_vtrace:
+        advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"], batch["bootstrap"],
+                                         hp.gamma, hp.gae_lambda)
+    n = batch["rewards"].shape[0]
+    num_minibatches = min(cfg.num_batches_per_iteration, n)
+    for _ in range(cfg.ppo_epochs):
+        for mb_index in torch.randperm(n, device=batch["rewards"].device).chunk(num_minibatches):
+            mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
+            yield train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
+                             None if targets is None else targets[mb_index])

@@ -1,0 +1,84 @@
+"""The process graph of a run, on one screen: what shared memory and queues exist, and which worker reads which.
+
+    actor_w  --request counters-->  inference (shard, index)  --answer counters + WAKE-->  actor_w
+    actor_w  --slot_owed + SlotHint-->  learner_p  --weights segment + version-->  inference, evaluator
+    learner_p  --WAKE (slots released)-->  actor_w;  every worker  --reports-->  runner (report queue)
+    runner  --SetHyperparams / ExportWeights-->  learner_p  --AdoptWeights-->  learner_q;  runner --> evaluator
+
+With --backend=ray the actors and inference workers run on the nodes (appo/run/ray_backend.py): one `cluster`
+process of the head stands in for the actors, copying the nodes' trajectories into the head's slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from appo.config.topology import inference_shards
+from appo.memory.buffers import Layout, TrajBuffers
+from appo.memory.context import Queues, WorkerContext
+from appo.memory.control import SharedControl
+from appo.memory.segments import weights_segment_name
+from appo.population.matchmaking import num_acting_ids
+from appo.sampling.sampler_group import SamplerGroup, sampler_queues
+from envs import EnvInfo
+from utils.queues import make_queue
+
+# 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each worker's
+# resident memory creep up for longer: RSS counts the shared pages a process has touched, and a ring's messages
+# move through all of its pages (10 MB took 45 min with 4 CartPole actors).
+REPORT_QUEUE_BYTES = 1_000_000
+
+
+def build_context(cfg, env: EnvInfo, exp_dir: str, run_token: str) -> WorkerContext:
+    """Allocate the run's shared memory and queues (before any worker is forked, so all of them share it)."""
+    layout = Layout.from_cfg(cfg, env.obs_space, env.action_space, env.num_agents)
+    num_acting = num_acting_ids(cfg)  # policies and their self-play snapshots
+    control = SharedControl(layout, cfg.num_policies, (len(inference_shards(cfg)), cfg.policy_workers_per_policy),
+                            tuple(env.reward_shaping), num_snapshots=num_acting - cfg.num_policies)
+    if cfg.backend == "local":  # the sampler runs here, in these buffers
+        actor_inboxes, inference_wakeups = sampler_queues(cfg)
+    else:  # the cluster process stands in for every actor: the learners' wake-ups go to its inbox
+        actor_inboxes, inference_wakeups = [make_queue()] * cfg.num_workers, []
+    queues = Queues(report=make_queue(REPORT_QUEUE_BYTES),
+                    learner_inboxes=[make_queue() for _ in range(cfg.num_policies)],
+                    actor_inboxes=actor_inboxes, inference_wakeups=inference_wakeups,
+                    evaluator_inbox=make_queue() if cfg.eval_every_env_steps else None)
+    return WorkerContext(cfg, layout, (env.obs_space, env.action_space), TrajBuffers(layout), control, queues,
+                         [weights_segment_name(run_token, i) for i in range(num_acting)], exp_dir)
+
+
+def start_workers(ctx: WorkerContext, env: EnvInfo, supervisor, hyperparams: Callable[[int], dict | None],
+                  report_iterations: bool) -> SamplerGroup | None:
+    """Start every worker of the run; returns the sampler group (None when the Ray cluster samples).
+
+    `hyperparams(p)` gives policy p's current PBT hyper-parameters at each (re)start of its learner."""
+    cfg, control, queues = ctx.cfg, ctx.control, ctx.queues
+    for p in range(cfg.num_policies):
+        supervisor.add(f"learner_p{p}", "appo.learning.learner", "run_learner",
+                       lambda p=p: (ctx, p, hyperparams(p), report_iterations),
+                       cleanup=lambda p=p: control.learners.pause_collection.__setitem__(p, 0),
+                       inbox=queues.learner_inboxes[p])
+    if queues.evaluator_inbox is not None:
+        supervisor.add("evaluator", "appo.learning.evaluator", "run_evaluator", lambda: (ctx, env.num_agents),
+                       cleanup=lambda: None, inbox=queues.evaluator_inbox)
+    if cfg.backend == "local":
+        group = SamplerGroup(ctx)
+        group.start(supervisor)
+        return group
+    supervisor.add("cluster", "appo.run.ray_backend", "run_cluster", lambda: (ctx, env), cleanup=lambda: None,
+                   inbox=queues.actor_inboxes[0])
+    return None
+
+
+def named_queues(ctx: WorkerContext, group: SamplerGroup | None) -> list[tuple[str, object]]:
+    """Every queue of the run with a readable name (for the repair after a death, see utils/queues.py)."""
+    queues = ctx.queues
+    named = [("report queue", queues.report)]
+    named += [(f"learner_p{p} inbox", q) for p, q in enumerate(queues.learner_inboxes)]
+    if queues.evaluator_inbox is not None:
+        named.append(("evaluator inbox", queues.evaluator_inbox))
+    if group is not None:
+        named += group.queues()
+    else:
+        named.append(("cluster inbox", queues.actor_inboxes[0]))
+    return named

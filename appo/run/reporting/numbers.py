@@ -1,0 +1,145 @@
+"""Derived numbers: what the status, the summaries, the stop rules and PBT compute from a Tally."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from appo.config.cfg import NO_BUDGET
+from appo.run.reporting.config import ReportingConfig
+from appo.run.reporting.formatting import duration, si
+from appo.run.reporting.tally import Tally
+
+# --train_for_env_steps and --train_for_seconds default to 1e10: that means no budget, not a 300-year ETA.
+# An ETA beyond this is shown as unknown ("ETA -").
+MAX_ETA_S = 100 * 86400
+
+
+class Numbers:
+    """Numbers computed on demand from a Tally: frames and samples per second, progress toward the budget and its
+    ETA, episode means over the --stats_avg window, PBT's objective, a policy that reached a target, the measured
+    period's counts. Owns only each policy's best full-window mean reward so far (and the episode count it was last
+    checked at), which `track_best_rewards` updates. Writes nothing."""
+
+    def __init__(self, tally: Tally, config: ReportingConfig, frames_per_step: int) -> None:
+        self.tally, self.config, self.frames_per_step = tally, config, frames_per_step
+        self.best_rewards: list[float | None] = [None] * config.num_policies
+        self._best_checked_at = [0] * config.num_policies
+
+    # ---------------------------------------------------------------- rates and progress
+    def elapsed(self) -> float:
+        """Seconds since this session's reporting began."""
+        return self.tally.clock() - self.tally.start
+
+    def fps(self, window: float) -> float:
+        """Env frames per second (env steps times the env's frame skip) over the last `window` seconds."""
+        return self.tally.sampled_history.rate(window) * self.frames_per_step
+
+    def sample_throughput(self, policy: int, window: float = 10.0) -> float:
+        """Trained samples per second of one policy."""
+        return self.tally.policies[policy].sample_history.rate(window)
+
+    def env_step_rate(self, window: float = 60.0) -> float:
+        """Env steps per second (the count the budget is in: all policies' learners) over the last window."""
+        return self.tally.env_step_history.rate(window)
+
+    def measured(self) -> tuple[float, int, int]:
+        """Seconds, env steps and trained samples of the measured period (every actor sampling)."""
+        return self.tally.period.counts(self.tally.sampled_env_steps, self.tally.samples())
+
+    def progress(self) -> tuple[float, str, float | None] | None:
+        """How far the run is toward the budget closest to done: (fraction done, that budget in words, seconds left
+        or None when unknown); None when no budget is set."""
+        budgets = self._budgets()
+        if not budgets:
+            return None
+        fraction, budget, eta = max(budgets, key=lambda b: b[0])
+        return min(fraction, 1.0), budget, eta if eta is not None and eta <= MAX_ETA_S else None
+
+    def _budgets(self) -> list[tuple[float, str, float | None]]:
+        """Every budget set: (fraction done, the budget in words, seconds left or None). Step budgets estimate the
+        time left from the rate of the last minute; --train_for_seconds counts this session, as the runner does;
+        a benchmark counts from the moment every actor samples, as the runner does."""
+        config, budgets = self.config, []
+
+        def steps_budget(done: float, budget: float, rate: float, what: str) -> None:
+            eta = max(budget - done, 0) / rate if rate > 0 else None
+            budgets.append((done / budget, f"{si(budget, trim=True)} {what}", eta))
+
+        if config.train_for_env_steps < NO_BUDGET:
+            steps_budget(self.tally.total_env_steps(), config.train_for_env_steps, self.env_step_rate(), "steps")
+        if config.train_for_seconds < NO_BUDGET:
+            elapsed = self.elapsed()
+            budgets.append((elapsed / config.train_for_seconds, duration(config.train_for_seconds),
+                            max(config.train_for_seconds - elapsed, 0.0)))
+        if config.benchmark:
+            _, env_steps, samples = self.measured()
+            steps_budget(env_steps, config.benchmark_env_steps, self.tally.sampled_history.rate(60),
+                         "benchmark steps")
+            if not config.sampler_only:
+                rate = sum(self.sample_throughput(p, 60) for p in range(config.num_policies))
+                steps_budget(samples, config.benchmark_samples, rate, "benchmark samples")
+        return budgets
+
+    # ---------------------------------------------------------------- episodes
+    def mean_episode(self, policy: int) -> tuple[float, float] | None:
+        """Mean reward and length over the policy's last --stats_avg episodes; None before the first."""
+        episodes = self.tally.policies[policy].episodes.recent
+        if not episodes:
+            return None
+        rewards, lengths = zip(*episodes)
+        return float(np.mean(rewards)), float(np.mean(lengths))
+
+    def mean_objective(self, policy: int) -> float | None:
+        """Mean objective over whatever episodes (up to --stats_avg) the policy has reported one for."""
+        objectives = self.tally.policies[policy].episodes.objectives
+        return float(np.mean(objectives)) if objectives else None
+
+    def extra_means(self, policy: int) -> dict[str, float]:
+        """Each metric of info["episode_extra_stats"]: its mean over the policy's last --stats_avg values."""
+        return {name: float(np.mean(values)) for name, values in self.tally.policies[policy].episodes.extra.items()}
+
+    def full_window_mean(self, policy: int, measure: str) -> float | None:
+        """Mean episode "reward" or "objective" over the last --stats_avg episodes; None until there are that many."""
+        window = self.tally.policies[policy].episodes
+        values = window.objectives if measure == "objective" else [reward for reward, _ in window.recent]
+        return float(np.mean(values)) if len(values) == self.config.stats_avg else None
+
+    def objective(self, policy: int) -> float | None:
+        """What PBT ranks the policy by."""
+        return self.full_window_mean(policy, "objective")
+
+    def solved_policy(self, target: float, measure: str = "reward") -> tuple[int, float] | None:
+        """A policy whose full-window mean reward (or objective) reaches target, with that mean."""
+        for policy in range(self.config.num_policies):
+            mean = self.full_window_mean(policy, measure)
+            if mean is not None and mean >= target:
+                return policy, mean
+        return None
+
+    def track_best_rewards(self) -> None:
+        """Each policy's best mean reward over a full --stats_avg window so far; recomputed only when episodes came
+        in since the last check."""
+        for p, policy in enumerate(self.tally.policies):
+            if policy.episodes.total == self._best_checked_at[p]:
+                continue
+            self._best_checked_at[p] = policy.episodes.total
+            mean = self.full_window_mean(p, "reward")
+            if mean is not None and (self.best_rewards[p] is None or mean > self.best_rewards[p]):
+                self.best_rewards[p] = mean
+
+    def final_stats(self) -> dict[int, dict[str, float]]:
+        """Per policy with finished episodes: the mean reward and length over the last --stats_avg episodes, the
+        number of episodes that mean is over and, when the env reports one, the mean objective."""
+        stats = {}
+        for policy in range(self.config.num_policies):
+            episode = self.mean_episode(policy)
+            if episode is None:
+                continue
+            stats[policy] = {"reward": episode[0], "length": episode[1],
+                             "episodes": len(self.tally.policies[policy].episodes.recent)}
+            objective = self.mean_objective(policy)
+            if objective is not None:
+                stats[policy]["objective"] = objective
+            for name, value in self.extra_means(policy).items():  # the trainer's own names win
+                stats[policy].setdefault(name, value)
+        return stats

@@ -1,0 +1,151 @@
+"""The runner's one handle on reporting: `Reports` composes the intake, the derived numbers, the text, the
+tensorboard writers and the benchmark summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from appo.messages import ActorReport, ClusterReport, Evaluation, InferenceReport, LearnerReport
+from appo.run.reporting.benchmark import benchmark_summary
+from appo.run.reporting.config import ReportingConfig
+from appo.run.reporting.numbers import Numbers
+from appo.run.reporting.summaries import SummaryWriters
+from appo.run.reporting.tally import Clock, Tally
+from appo.run.reporting.text import StatusText
+
+if TYPE_CHECKING:
+    from appo.config.flags import Config
+    from appo.config.views import RunnerConfig
+
+
+class Reports:
+    """What the runner calls: the `on_*` intake of the workers' typed reports, `tick` every loop, the printed status
+    and summary, the tensorboard summaries, the numbers its stop rules and PBT read, and the benchmark summary.
+    Owns a Tally (intake), its Numbers (derived), a StatusText (printed) and SummaryWriters (tensorboard, the only
+    thing it writes: under <exp_dir>/summaries/). `clock` is time.monotonic, or a test's fake clock."""
+
+    def __init__(self, cfg: Config | RunnerConfig, exp_dir: str, initial_env_steps: Sequence[int],
+                 frames_per_step: int = 1, clock: Clock = time.monotonic) -> None:
+        self.config = ReportingConfig.from_cfg(cfg)
+        self.tally = Tally(self.config, initial_env_steps, clock)
+        self.numbers = Numbers(self.tally, self.config, frames_per_step)
+        self.text = StatusText(self.tally, self.numbers, self.config)
+        self.summaries = SummaryWriters(self.tally, self.numbers, self.config, exp_dir)
+
+    # ---------------------------------------------------------------- intake
+    def on_actor(self, report: ActorReport) -> None:
+        self.tally.on_actor(report)
+
+    def on_inference(self, report: InferenceReport) -> None:
+        self.tally.on_inference(report)
+
+    def on_learner(self, report: LearnerReport) -> None:
+        self.tally.on_learner(report)
+
+    def on_cluster(self, report: ClusterReport) -> None:
+        self.tally.on_cluster(report)
+
+    def on_evaluation(self, report: Evaluation) -> None:
+        """Keep the newest evaluation for the status line and write all its results under eval/."""
+        self.tally.on_evaluation(report)
+        self.summaries.write_evaluation(report)
+
+    def tick(self, learner_env_steps: np.ndarray | None = None) -> None:
+        """Every runner loop; `learner_env_steps`: SharedControl.learners.env_steps, which learners set after every
+        iteration."""
+        self.tally.tick(learner_env_steps)
+        self.numbers.track_best_rewards()
+
+    # ---------------------------------------------------------------- what the runner sets and reads
+    @property
+    def env_steps(self) -> list[int]:
+        """Each policy's env steps, trained + dropped (the budget's count)."""
+        return self.tally.env_steps
+
+    @property
+    def states(self) -> dict[str, tuple[str, float]]:
+        """Each worker's last reported state and when (clock time), for the stall report."""
+        return self.tally.states
+
+    @property
+    def last_progress(self) -> float:
+        """When (clock time) env steps last moved."""
+        return self.tally.last_progress
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Worker restarts per role on this machine (the supervisor's count)."""
+        return self.tally.restarts
+
+    @restarts.setter
+    def restarts(self, counts: dict[str, int]) -> None:
+        self.tally.restarts = counts
+
+    @property
+    def hyperparams(self) -> list[dict[str, float]] | None:
+        """PBT runs: each policy's current hyper-parameters."""
+        return self.tally.hyperparams
+
+    @hyperparams.setter
+    def hyperparams(self, values: list[dict[str, float]] | None) -> None:
+        self.tally.hyperparams = values
+
+    @property
+    def ratings(self) -> Any:
+        """appo.population.ratings.Ratings when games have players of different acting ids, else None."""
+        return self.tally.ratings
+
+    @ratings.setter
+    def ratings(self, ratings: Any) -> None:
+        self.tally.ratings = ratings
+
+    # ---------------------------------------------------------------- derived numbers
+    def total_env_steps(self) -> int:
+        return self.tally.total_env_steps()
+
+    def measured(self) -> tuple[float, int, int]:
+        """Seconds, env steps and trained samples of the measured period (every actor sampling)."""
+        return self.numbers.measured()
+
+    def progress(self) -> tuple[float, str, float | None] | None:
+        """(fraction done, budget in words, seconds left or None) of the budget closest to done; None without one."""
+        return self.numbers.progress()
+
+    def solved_policy(self, target: float, measure: str = "reward") -> tuple[int, float] | None:
+        return self.numbers.solved_policy(target, measure)
+
+    def objective(self, policy: int) -> float | None:
+        """What PBT ranks the policy by: its mean objective over a full --stats_avg window, else None."""
+        return self.numbers.objective(policy)
+
+    def forget_objective(self, policy: int) -> None:
+        """After a policy's weights were replaced it is judged on episodes of its new weights only."""
+        self.tally.policies[policy].episodes.forget_objectives()
+
+    def final_stats(self) -> dict[int, dict[str, float]]:
+        return self.numbers.final_stats()
+
+    # ---------------------------------------------------------------- output
+    def status_line(self) -> str:
+        self.numbers.track_best_rewards()
+        return self.text.status()
+
+    def summary_line(self, checkpoints: list[str | None]) -> str:
+        self.numbers.track_best_rewards()
+        return self.text.summary(checkpoints)
+
+    def write_summaries(self, memory_mb: dict[str, float]) -> None:
+        self.summaries.write(memory_mb)
+
+    def write_pbt_summaries(self, policy: int) -> None:
+        self.summaries.write_pbt(policy)
+
+    def benchmark_summary(self, env_name: str) -> dict[str, Any]:
+        return benchmark_summary(self.tally, self.numbers, self.config, env_name)
+
+    def close(self) -> None:
+        self.summaries.close()

@@ -1,0 +1,63 @@
+"""When a run stops: budgets, targets, interruptions, failed workers, stalls. Reads only; writes nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass
+class Outcome:
+    """Why the run stopped; `completed` runs get the `done` marker."""
+
+    reason: str
+    completed: bool
+    failed: bool = False
+
+
+def failed(reason: str) -> Outcome:
+    return Outcome(reason, completed=False, failed=True)
+
+
+def stuck_outcome(cfg, supervisor, last_progress: float, blocked_in: Callable[[], str]) -> Outcome | None:
+    """Workers that did not get going in time (actors that cannot build their envs, a cluster with no sampler),
+    or a run whose env steps stopped moving (`last_progress`: when they last moved); `blocked_in()` says what every
+    worker is doing."""
+    late = supervisor.not_ready_after("actor", cfg.reset_timeout_seconds)
+    if late:
+        return failed(f"{', '.join(late)} did not create and reset its envs within --reset_timeout_seconds="
+                      f"{cfg.reset_timeout_seconds:g} of starting; states: {blocked_in()}")
+    if supervisor.not_ready_after("cluster", cfg.reset_timeout_seconds):
+        return failed(f"the Ray cluster ran no sampler group within --reset_timeout_seconds="
+                      f"{cfg.reset_timeout_seconds:g} (is --ray_address={cfg.ray_address!r} right, and does a "
+                      f"node have the CPUs a group asks for?); states: {blocked_in()}")
+    all_ready_at = supervisor.all_ready_at()  # start-up (torch imports, env creation) is not a stall
+    stalled = time.monotonic() - max(last_progress, all_ready_at or 0.0)
+    if all_ready_at is not None and stalled > cfg.stall_timeout_seconds:
+        return failed(f"no env step for {stalled:.0f} s (--stall_timeout_seconds); worker states: {blocked_in()}")
+    return None
+
+
+def budget_outcome(cfg, reports, elapsed: float) -> Outcome | None:
+    """The benchmark's, env steps' and seconds' budgets, and the reward and objective targets."""
+    if cfg.benchmark:  # the budgets count the measured period only, so it is never empty
+        _, env_steps, samples = reports.measured()
+        if env_steps >= cfg.benchmark_env_steps:
+            return Outcome(f"benchmark budget --benchmark_env_steps={cfg.benchmark_env_steps} reached", True)
+        if samples >= cfg.benchmark_samples:
+            return Outcome(f"benchmark budget --benchmark_samples={cfg.benchmark_samples} reached", True)
+    if reports.total_env_steps() >= cfg.train_for_env_steps:
+        return Outcome(f"reached --train_for_env_steps={cfg.train_for_env_steps}", completed=True)
+    if elapsed >= cfg.train_for_seconds:
+        return Outcome(f"reached --train_for_seconds={cfg.train_for_seconds}", completed=True)
+    for measure, target in (("reward", cfg.target_reward), ("objective", cfg.target_objective)):
+        solved = None if target is None else reports.solved_policy(target, measure)
+        if solved is not None:
+            launched = time.time() - psutil.Process().create_time()
+            return Outcome(  # one line (scripts/time_to_solve.py reads it) within 120 columns
+                f"target {measure} {target:g} reached by p{solved[0]} (mean {solved[1]:.2f} of {cfg.stats_avg}) "
+                f"at {launched:.1f} s, {reports.total_env_steps()} env steps", completed=True)
+    return None

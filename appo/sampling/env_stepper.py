@@ -1,0 +1,177 @@
+"""The envs of one actor worker, by split: creating them, their first observations, stepping a split's envs with
+the actions inference chose, and rebuilding an env that raised.
+
+An exception inside one env's `step` or `reset` costs that env's episode, not the worker: the traceback is logged
+(the first time this worker sees that error), the env is built anew and reset, and the step reports the episode
+as ended.
+
+Writes control.actors.call, call_env and call_since: which env call this worker is inside and since when, so the
+runner can replace an actor stuck in one (--env_timeout_seconds). Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+
+import gymnasium as gym
+import numpy as np
+
+from appo.config.cfg import env_kwargs
+from appo.memory.buffers import TERMINATED, TRUNCATED
+from appo.memory.context import WorkerContext
+from appo.memory.control import MAKE, NO_CALL, RESET, STEP
+from appo.spaces import to_env_action
+from envs import make_env
+from utils.logs import log
+from utils.timing import Timing
+
+
+class EnvStepper:
+    """Owns `envs[split][env]` of one worker; adds the time of its env steps to the worker's timing (env_step)."""
+
+    def __init__(self, ctx: WorkerContext, worker: int, rng: np.random.Generator, timing: Timing):
+        cfg, layout = ctx.cfg, ctx.layout
+        self.cfg, self.worker, self.rng, self.timing = cfg, worker, rng, timing
+        self.num_splits, self.agents_per_split, self.num_agents = layout.num_splits, layout.agents_per_split, \
+            layout.num_agents
+        self.envs_per_split = layout.agents_per_split // layout.num_agents
+        self.env_kwargs = env_kwargs(cfg)
+        actors = ctx.control.actors
+        self.call, self.call_env, self.call_since = actors.call, actors.call_env, actors.call_since
+        self.envs: list[list[gym.Env]] = []
+        self.action_space: gym.Space | None = None
+        self.plain_discrete = False  # one agent and a plain Discrete action: the fast path of `_env_actions`
+        self.errors = 0  # env calls that raised since the last `take_errors`
+        self.errors_seen: set[str] = set()  # distinct errors already logged with their traceback
+
+    def make_envs(self) -> None:
+        self.envs = [[self._make(s, i) for i in range(self.envs_per_split)] for s in range(self.num_splits)]
+        self._calling(NO_CALL, 0)
+        self.action_space = self.envs[0][0].action_space
+        self.plain_discrete = self.num_agents == 1 and isinstance(self.action_space, gym.spaces.Discrete)
+
+    def _calling(self, call: int, env: int) -> None:
+        """Record that this worker enters an env call (NO_CALL: left it), for the runner's hang detection;
+        `env` counts the worker's envs across splits. The call is written last, after its time and env."""
+        w = self.worker
+        self.call_since[w] = time.monotonic()
+        self.call_env[w] = env
+        self.call[w] = call
+
+    def _make(self, s: int, i: int) -> gym.Env:
+        self._calling(MAKE, s * self.envs_per_split + i)
+        return make_env(self.cfg.env, self.env_kwargs)
+
+    # ---------------------------------------------------------------- first observations
+    def first_observations(self, s: int) -> list:
+        """Reset every env of split s (seeded when --seed is) and return their first observations."""
+        observations = []
+        for i, env in enumerate(self.envs[s]):
+            self._calling(RESET, s * self.envs_per_split + i)
+            observations.append(self._first_obs(s, i, env))
+        self._calling(NO_CALL, 0)
+        return observations
+
+    def _env_seed(self, s: int, i: int) -> int | None:
+        if self.cfg.seed is None:
+            return None
+        return self.cfg.seed + (self.worker * self.num_splits + s) * self.agents_per_split + i
+
+    def _first_obs(self, s: int, i: int, env: gym.Env):
+        """With --decorrelate_envs_on_one_worker the env first makes a random number of random steps."""
+        obs, _ = env.reset(seed=self._env_seed(s, i))
+        if self.cfg.decorrelate_envs_on_one_worker:
+            max_steps = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
+            env.action_space.seed(int(self.rng.integers(2**31)))
+            for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
+                obs, _, terminated, truncated, _ = env.step(self._random_actions(env))
+                if terminated or truncated:
+                    obs, _ = env.reset()
+                    break
+        return obs
+
+    def _random_actions(self, env: gym.Env):
+        if self.num_agents == 1:
+            return env.action_space.sample()
+        return np.stack([env.action_space.sample() for _ in range(self.num_agents)])
+
+    # ---------------------------------------------------------------- stepping
+    def step(self, s: int, actions: np.ndarray) -> tuple[list, list, list[tuple[int, int, dict]]]:
+        """Step every env of split s with `actions` (one row per env-agent, as inference wrote them).
+
+        Returns the rewards (one per env-agent, as the envs gave them), the observations (one per env: the next
+        episode's first where one ended) and the envs that ended an episode: (env, done code, its last info).
+        This runs thousands of times a second, with caches cold after each env's step (the env may sleep or
+        wait, and other processes run meanwhile): the loop over envs only collects results in Python lists."""
+        env_actions = self._env_actions(actions)
+        a = self.num_agents
+        rewards: list = []
+        observations: list = []
+        ended: list[tuple[int, int, dict]] = []
+        started = time.perf_counter()
+        w, call, call_env, call_since = self.worker, self.call, self.call_env, self.call_since
+        first_env, clock = s * self.envs_per_split, time.monotonic
+        call_since[w] = clock()  # written before the call it times (the runner may read at any moment)
+        call[w] = STEP
+        for i, env in enumerate(self.envs[s]):
+            call_since[w], call_env[w] = clock(), first_env + i  # the timeout is per env call
+            try:
+                obs, reward, terminated, truncated, info = env.step(env_actions[i])
+                if terminated or truncated:
+                    ended.append((i, TERMINATED if terminated else TRUNCATED, info))
+                    call[w] = RESET
+                    obs, _ = env.reset()
+                    call[w] = STEP
+            except Exception:
+                obs, reward = self._rebuild(s, i), 0.0 if a == 1 else np.zeros(a)
+                ended.append((i, TERMINATED, {}))
+                self._calling(STEP, first_env + i)
+            rewards.append(reward)
+            observations.append(obs)
+        call[w] = NO_CALL
+        self.timing.add("env_step", time.perf_counter() - started)
+        if a > 1:
+            rewards = np.concatenate(rewards).tolist()  # [envs][agents] -> one per env-agent
+        return rewards, observations, ended
+
+    def _env_actions(self, actions: np.ndarray) -> list:
+        """Per env, what its step takes: one agent's action, or a list with every agent's."""
+        if self.plain_discrete:
+            return actions.tolist()
+        converted = [to_env_action(self.action_space, action) for action in actions]
+        a = self.num_agents
+        return converted if a == 1 else [converted[i:i + a] for i in range(0, len(converted), a)]
+
+    def _rebuild(self, s: int, i: int):
+        """Env i of split s raised: log it, build it anew, reset; returns its first observation.
+
+        The traceback is logged the first time this worker sees an error (same exception, message and place);
+        repeats are only counted (the status line shows the count), so a flaky env cannot flood the log."""
+        self.errors += 1
+        error = sys.exc_info()[1]
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        key = f"{type(error).__name__}: {error} at {frame.filename}:{frame.lineno}"
+        if key not in self.errors_seen:
+            self.errors_seen.add(key)
+            log.warning("actor %d: env %d of split %d raised; rebuilding it (repeats of this error are only "
+                        "counted):\n%s", self.worker, i, s, traceback.format_exc())
+        with contextlib.suppress(Exception):
+            self.envs[s][i].close()
+        env = self._make(s, i)
+        self.envs[s][i] = env
+        self._calling(RESET, s * self.envs_per_split + i)
+        obs, _ = env.reset()
+        return obs
+
+    def take_errors(self) -> int:
+        """Env calls that raised since the last call."""
+        errors, self.errors = self.errors, 0
+        return errors
+
+    def close(self) -> None:
+        for envs in self.envs:
+            for env in envs:
+                env.close()

@@ -1,0 +1,118 @@
+"""Episode bookkeeping of one actor worker: running returns and lengths, the episodes and games that ended, the PBT
+objective of each, and the rewards that were not finite.
+
+Writes no shared memory. Reads control.actors.agent_policy (who plays each env-agent) and traj.policy_versions
+(which snapshot version played, to name the players of a game). What it gathers leaves in the worker's
+`ActorReport`; records are built only when an episode ends, never per step. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+
+from appo.memory.context import WorkerContext
+from appo.messages import EpisodeEnd, GameEnd
+from appo.population.matchmaking import acting_name, num_acting_ids
+from utils.logs import log
+
+
+def extra_stats(info: dict) -> dict[str, float]:
+    """An env's own episode metrics: the numeric values of `info["episode_extra_stats"]` (a dict) at the end of
+    an episode; they are averaged per policy like the reward and written to tensorboard (episode_extra/)."""
+    extra = info.get("episode_extra_stats")
+    if not isinstance(extra, dict):
+        return {}
+    return {str(k): float(v) for k, v in extra.items() if isinstance(v, (int, float, np.number)) and math.isfinite(v)}
+
+
+class EpisodeTracker:
+    """Per split, the return and first step of every env-agent's current episode (agent j of a split is agent
+    j % num_agents of env j // num_agents); the episodes and games that ended since the last `take()`; how many
+    non-finite rewards were stored as 0."""
+
+    def __init__(self, ctx: WorkerContext, worker: int):
+        cfg, layout = ctx.cfg, ctx.layout
+        self.cfg, self.worker, self.num_agents = cfg, worker, layout.num_agents
+        self.num_acting = num_acting_ids(cfg)
+        self.agent_policy = ctx.control.actors.agent_policy[worker]  # [split, agent]
+        self.policy_versions = ctx.traj.policy_versions
+        n = layout.agents_per_split
+        self.returns = [[0.0] * n for _ in range(layout.num_splits)]  # [split][agent]: the current episode's
+        self.starts = [[0] * n for _ in range(layout.num_splits)]  # the split step its episode started at
+        self.steps = [0] * layout.num_splits  # steps each split made
+        self.episodes: list[EpisodeEnd] = []
+        self.games: list[GameEnd] = []  # multi-agent envs played by more than one acting id, for the ratings
+        self.nonfinite = 0
+        self.nonfinite_reported: set[tuple[int, int]] = set()  # (split, env) already logged
+
+    def add_rewards(self, s: int, rewards: list[float]) -> list[float]:
+        """Count one step of split s with its rewards (one per env-agent); returns the rewards to store.
+
+        Non-finite rewards become 0 (learning from them would poison every statistic); each env that gives one
+        is logged once and every such reward counted (the status line shows the count)."""
+        if not math.isfinite(sum(rewards)):
+            rewards = self._sanitize(s, rewards)
+        returns = self.returns[s]
+        for j, reward in enumerate(rewards):
+            returns[j] += reward
+        self.steps[s] += 1
+        return rewards
+
+    def _sanitize(self, s: int, rewards: list[float]) -> list[float]:
+        clean = []
+        for j, reward in enumerate(rewards):
+            if not math.isfinite(reward):
+                self.nonfinite += 1
+                env = j // self.num_agents
+                if (s, env) not in self.nonfinite_reported:
+                    self.nonfinite_reported.add((s, env))
+                    log.warning("actor %d: env %d of split %d returned a non-finite reward (%s); it is stored as 0 "
+                                "(further ones from this env are only counted)", self.worker, env, s, reward)
+                reward = 0.0
+            clean.append(reward)
+        return clean
+
+    def end_episode(self, s: int, i: int, env: gym.Env, info: dict, slots: np.ndarray, t: int) -> None:
+        """Env i of split s ended an episode with step t of `slots` (`info`: its last step's): record the episode
+        of each of its agents (a learning policy's; a snapshot's are only rated) and the game, and start counting
+        the next. Call it before the agents are mapped to the next episode's players.
+
+        Envs that end an episode per life (Atari) report the whole game's score as
+        `info["true_episode_reward"]` at its end; for them only game ends are recorded."""
+        true_score = info.get("true_episode_reward")
+        if true_score is None and getattr(env, "reports_true_episode_reward", False):
+            return  # a life lost, not a game over: keep counting the game's return and length
+        a, policies, returns, starts = self.num_agents, self.agent_policy[s], self.returns[s], self.starts[s]
+        extra = extra_stats(info)
+        game_returns = []
+        for j in range(i * a, (i + 1) * a):
+            reward = float(returns[j] if true_score is None else true_score)
+            game_returns.append(reward)
+            if policies[j] < self.cfg.num_policies:
+                self.episodes.append(EpisodeEnd(int(policies[j]), reward, self.steps[s] - starts[j],
+                                                self._objective(info, extra, reward), extra))
+            returns[j] = 0.0
+            starts[j] = self.steps[s]
+        if a > 1 and self.num_acting > 1:
+            players = policies[i * a:(i + 1) * a].tolist()
+            versions = self.policy_versions[slots[i * a:(i + 1) * a], t].tolist()
+            self.games.append(GameEnd([acting_name(self.cfg, p, v) for p, v in zip(players, versions)], game_returns))
+
+    def _objective(self, info: dict, extra: dict[str, float], episode_reward: float) -> float | None:
+        """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`
+        at the episode's end, else the episode's return; or any numeric value the last step's info (or its
+        `episode_extra_stats`) names."""
+        name = self.cfg.pbt_target_objective
+        if name == "true_objective":
+            return float(info.get("true_objective", episode_reward))
+        value = info.get(name, extra.get(name))
+        return float(value) if isinstance(value, (int, float, np.number)) else None
+
+    def take(self) -> tuple[list[EpisodeEnd], list[GameEnd], int]:
+        """The episodes, games and non-finite reward count since the last call."""
+        taken = self.episodes, self.games, self.nonfinite
+        self.episodes, self.games, self.nonfinite = [], [], 0
+        return taken
