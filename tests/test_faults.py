@@ -220,11 +220,14 @@ def test_a_learner_reports_ready_so_that_a_later_crash_gets_it_replaced(learner_
     assert WorkerReady("learner_p0") in learner_rig.ctx.queues.report.get_many(timeout=1)
 
 
-def crash(report_queue, name: str, ready: bool) -> None:
+class CrashingWorker:
     """A worker that raises, after reporting ready or before (started by the supervisor test below)."""
-    if ready:
-        report_queue.put(WorkerReady(name))
-    raise RuntimeError("crashed on purpose")
+
+    @classmethod
+    def main(cls, report_queue, name: str, ready: bool) -> None:
+        if ready:
+            report_queue.put(WorkerReady(name))
+        raise RuntimeError("crashed on purpose")
 
 
 @pytest.mark.timeout(30)
@@ -232,7 +235,7 @@ def crash(report_queue, name: str, ready: bool) -> None:
 def test_a_crash_after_ready_is_replaceable_and_one_before_is_permanent(ready):
     report_queue = make_queue()
     supervisor = Supervisor(report_queue, max_restarts=3)
-    supervisor.add("actor_0", "tests.test_faults", "crash", lambda: (report_queue, "actor_0", ready),
+    supervisor.add("actor_0", "tests.test_faults", "CrashingWorker", lambda: (report_queue, "actor_0", ready),
                    cleanup=lambda: None, inbox=make_queue())
     supervisor.workers["actor_0"].process.join(10)
     for message in report_queue.get_many(timeout=1):

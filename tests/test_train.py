@@ -222,21 +222,52 @@ def test_worker_crash_is_reported_with_its_cause(trainer):
     assert "Run failed: actor_" in result.stdout and "reset is broken on purpose" in result.stdout
 
 
-@pytest.mark.timeout(90)
-def test_seeded_single_worker_run_is_repeatable(trainer):
+SEEDED = ["--env=CartPole-v1", "--seed=3", "--num_workers=1", "--worker_num_splits=1", "--num_envs_per_worker=8",
+          "--batch_size=512", "--num_batches_per_iteration=1", "--train_for_env_steps=12000"]
+
+
+def final_weights(trainer, name: str, *args: str) -> tuple[tuple[int, int], dict]:
+    """Train a run, then its newest checkpoint's (version, env steps) and weights."""
     import torch
 
-    args = ["--env=CartPole-v1", "--seed=3", "--num_workers=1", "--worker_num_splits=1", "--num_envs_per_worker=8",
-            "--batch_size=512", "--num_batches_per_iteration=1", "--train_for_env_steps=12000"]
-    states = []
-    for name in ("seed_a", "seed_b"):
-        result = trainer.run(f"--experiment={name}", *args)
-        assert result.returncode == 0, result.stdout + result.stderr
-        path = latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, name), 0))
-        states.append((parse_name(path), torch.load(path, weights_only=False)["model"]))
-    (name_a, model_a), (name_b, model_b) = states
+    result = trainer.run(f"--experiment={name}", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    path = latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, name), 0))
+    return parse_name(path), torch.load(path, weights_only=False)["model"]
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.timeout(90)
+def test_seeded_single_worker_run_is_repeatable(trainer):
+    (name_a, model_a), (name_b, model_b) = (final_weights(trainer, name, *SEEDED) for name in ("seed_a", "seed_b"))
     assert name_a == name_b and name_a[0] > 5
-    assert all(torch.equal(model_a[key], model_b[key]) for key in model_a)
+    assert same_weights(model_a, model_b)
+
+
+@pytest.mark.timeout(90)
+def test_serial_mode_gives_the_multiprocess_runs_result(trainer):
+    name_processes, model_processes = final_weights(trainer, "processes", *SEEDED)
+    name_serial, model_serial = final_weights(trainer, "serial", *SEEDED, "--serial_mode=True")
+    assert name_serial == name_processes and name_serial[0] > 5
+    assert same_weights(model_serial, model_processes)
+
+
+@pytest.mark.timeout(90)
+def test_serial_mode_runs_a_whole_run_in_this_process(tmp_path):
+    from appo import train
+    from appo.hooks import Hooks
+
+    children_seen = []
+    result = train(env="CartPole-v1", experiment="serial", train_dir=str(tmp_path), serial_mode=True,
+                   num_workers=2, train_for_env_steps=30_000,
+                   hooks=Hooks(on_learner_iteration=[lambda event: children_seen.append(psutil.Process().children())]))
+    assert result.env_steps >= 30_000 and result.checkpoint is not None
+    assert len(children_seen) > 5 and not any(children_seen)  # every iteration was trained with no child process
 
 
 @pytest.mark.timeout(60)

@@ -58,6 +58,12 @@ def check_ray_installed(cfg: Any) -> None:
         raise ConfigError('--backend=ray needs Ray, which is not installed: pip install -e ".[ray]"')
 
 
+def check_serial_mode(cfg: Any) -> None:
+    if cfg.serial_mode and cfg.backend != "local":
+        raise ConfigError(f"--serial_mode=True runs every worker in this process: it needs --backend=local, not "
+                          f"--backend={cfg.backend}")
+
+
 def check_inference_workers(cfg: Any) -> None:
     if cfg.policy_workers_per_policy > cfg.num_workers:
         raise ConfigError(f"--policy_workers_per_policy={cfg.policy_workers_per_policy}: more than "
@@ -151,9 +157,9 @@ def check_experiment_name(cfg: Any) -> None:
         raise ConfigError(f"--experiment={cfg.experiment!r}: must be a plain folder name")
 
 
-CHECKS = (check_each_flag, check_ray_installed, check_inference_workers, check_splits, check_batch, check_recurrence,
-          check_population, check_perturb_factors, check_self_play, check_policy_mapping, check_device,
-          env_kwargs,  # the JSON of --env_kwargs parses to a dict
+CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inference_workers, check_splits, check_batch,
+          check_recurrence, check_population, check_perturb_factors, check_self_play, check_policy_mapping,
+          check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
           check_encoder, check_experiment_name)
 
 

@@ -164,6 +164,10 @@ class Config:
                         "PBT stay on this machine (the head); each Ray node runs a sampler group (actor workers and an "
                         "inference worker per policy) and ships trajectories back through Ray's object store (pip "
                         "install -e \".[ray]\"; docs/cluster.md).", choices=("local", "ray"))
+    serial_mode: bool = flag(False, SAMPLING,
+                             "Run the actors, inference and learners in the main process, one step of each in "
+                             "turn, instead of in processes: a breakpoint in an env or a model stops the run there. "
+                             "Slow; for debugging and tests. Local backend only.")
     ray_address: str = flag("", SAMPLING,
                             "With --backend=ray: the cluster to join, as given to ray.init (host:port of the head "
                             "started with 'ray start --head', or auto). Empty: start a Ray instance on this machine "

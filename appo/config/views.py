@@ -160,6 +160,7 @@ class RunnerConfig(RoleView):
     env: str
     seed: int | None
     backend: str
+    serial_mode: bool
     ray_address: str
     ray_workers_per_node: int
     num_workers: int

@@ -102,6 +102,13 @@ class Evaluator:
         self.best[p] = value
         self.report_queue.put(CheckpointSaved(p, path, policy.version, policy.env_steps, best=record))
 
+    @classmethod
+    def main(cls, ctx: WorkerContext, num_agents: int) -> None:
+        """The entry point of the evaluator's process: below every other worker's priority, then `run()`."""
+        init_worker(ctx.cfg, cpu=None, single_thread=True, extra_niceness=EVAL_NICENESS)
+        torch.set_num_threads(1)
+        cls(ctx, num_agents).run()
+
     def run(self) -> None:
         self.setup()
         while not self.control.runner.stop[0]:
@@ -125,9 +132,3 @@ class Evaluator:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def run_evaluator(ctx: WorkerContext, num_agents: int) -> None:
-    init_worker(ctx.cfg, cpu=None, single_thread=True, extra_niceness=EVAL_NICENESS)
-    torch.set_num_threads(1)
-    Evaluator(ctx, num_agents).run()

@@ -129,8 +129,14 @@ class Learner:
         self.report_iterations = report_iterations
         self.device = resolve_device(cfg.device)
         self.checkpoint_dir = checkpoint_dir(ctx.exp_dir, policy_id)
+        # Minibatches are drawn from a generator of the learner's own, so that its draws do not depend on what else
+        # runs in the process (--serial_mode runs inference there too).
+        self.shuffle = torch.Generator(self.device)
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed + policy_id)
+            self.shuffle.manual_seed(cfg.seed + policy_id)
+        else:
+            self.shuffle.seed()
         self.policy = Policy(policy_id, cfg, ctx.spaces, self.device, flags)
         self.policy.model.set_bf16_images(cfg.learner_bf16)
         checkpoint = self._load()
@@ -153,6 +159,14 @@ class Learner:
         self._take(self.owed.scan())
 
     # ---------------------------------------------------------------- main loop
+    @classmethod
+    def main(cls, ctx: WorkerContext, policy_id: int, hyperparams: dict[str, float] | None,
+             report_iterations: bool) -> None:
+        """The entry point of the learner's process: --learner_torch_threads for torch, then `run()`."""
+        init_worker(ctx.cfg, cpu=None, single_thread=True)
+        torch.set_num_threads(ctx.cfg.learner_torch_threads)
+        cls(ctx, policy_id, hyperparams, report_iterations).run()
+
     def run(self) -> None:
         self.setup()
         while not self.control.runner.stop[0]:
@@ -229,7 +243,7 @@ class Learner:
         if batch is None:
             return
         with self.timing.time("sgd"):
-            for stats in ppo_updates(policy.model, policy.optimizer, self.cfg, policy.hyperparams, batch):
+            for stats in ppo_updates(policy.model, policy.optimizer, self.cfg, policy.hyperparams, batch, self.shuffle):
                 if counters.add_update(stats):
                     policy.train_steps += 1
             counters.samples += batch["rewards"].shape[0] * self.cfg.rollout
@@ -338,10 +352,3 @@ class Learner:
         log.info("policy %d: took over the weights and optimizer state of policy %d (its version %d) as version %d;"
                  " trajectories of earlier versions are dropped", self.policy_id, message.donor, message.version,
                  self.policy.version)
-
-
-def run_learner(ctx: WorkerContext, policy_id: int, hyperparams: dict[str, float] | None,
-                report_iterations: bool) -> None:
-    init_worker(ctx.cfg, cpu=None, single_thread=True)
-    torch.set_num_threads(ctx.cfg.learner_torch_threads)
-    Learner(ctx, policy_id, hyperparams, report_iterations).run()

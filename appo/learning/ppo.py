@@ -141,11 +141,12 @@ def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
 
 
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
-                batch: dict[str, Any]) -> Iterator[dict[str, float] | None]:
+                batch: dict[str, Any], shuffle: torch.Generator | None = None) -> Iterator[dict[str, float] | None]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
     bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then --ppo_epochs
     passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
-    minibatch's statistics (None: a non-finite update, skipped) right after its step."""
+    minibatch's statistics (None: a non-finite update, skipped) right after its step. `shuffle` draws the
+    minibatches (torch's global generator when None)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
     advantages = targets = None
@@ -155,7 +156,7 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     n = batch["rewards"].shape[0]
     num_minibatches = min(cfg.num_batches_per_iteration, n)
     for _ in range(cfg.ppo_epochs):
-        for mb_index in torch.randperm(n, device=batch["rewards"].device).chunk(num_minibatches):
+        for mb_index in torch.randperm(n, generator=shuffle, device=batch["rewards"].device).chunk(num_minibatches):
             mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
             yield train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
                              None if targets is None else targets[mb_index])

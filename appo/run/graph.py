@@ -54,18 +54,18 @@ def start_workers(ctx: WorkerContext, env: EnvInfo, supervisor, hyperparams: Cal
     `hyperparams(p)` gives policy p's current PBT hyper-parameters at each (re)start of its learner."""
     cfg, control, queues = ctx.cfg, ctx.control, ctx.queues
     for p in range(cfg.num_policies):
-        supervisor.add(f"learner_p{p}", "appo.learning.learner", "run_learner",
+        supervisor.add(f"learner_p{p}", "appo.learning.learner", "Learner",
                        lambda p=p: (ctx, p, hyperparams(p), report_iterations),
                        cleanup=lambda p=p: control.learners.pause_collection.__setitem__(p, 0),
                        inbox=queues.learner_inboxes[p])
     if queues.evaluator_inbox is not None:
-        supervisor.add("evaluator", "appo.learning.evaluator", "run_evaluator", lambda: (ctx, env.num_agents),
+        supervisor.add("evaluator", "appo.learning.evaluator", "Evaluator", lambda: (ctx, env.num_agents),
                        cleanup=lambda: None, inbox=queues.evaluator_inbox)
     if cfg.backend == "local":
         group = SamplerGroup(ctx)
         group.start(supervisor)
         return group
-    supervisor.add("cluster", "appo.run.ray_backend", "run_cluster", lambda: (ctx, env), cleanup=lambda: None,
+    supervisor.add("cluster", "appo.run.ray_backend", "Cluster", lambda: (ctx, env), cleanup=lambda: None,
                    inbox=queues.actor_inboxes[0])
     return None
 

@@ -279,6 +279,12 @@ class Cluster:
         self.busy = 0.0  # seconds spent moving data since the last report (the rest is waiting on Ray)
 
     # ---------------------------------------------------------------- main loop
+    @classmethod
+    def main(cls, ctx: WorkerContext, env: EnvInfo) -> None:
+        """The entry point of the head's cluster process."""
+        init_worker(ctx.cfg, cpu=None, single_thread=True)
+        cls(ctx, env).run()
+
     def run(self) -> None:
         self.setup()
         try:
@@ -490,8 +496,3 @@ class Cluster:
             with contextlib.suppress(Exception):
                 ray.kill(group.handle, no_restart=True)
         ray.shutdown()
-
-
-def run_cluster(ctx: WorkerContext, env: EnvInfo) -> None:
-    init_worker(ctx.cfg, cpu=None, single_thread=True)
-    Cluster(ctx, env).run()

@@ -43,6 +43,7 @@ from appo.population.ratings import Ratings
 from appo.run.graph import build_context, named_queues, start_workers
 from appo.run.pbt_driver import PbtDriver
 from appo.run.reporting import Reports
+from appo.run.serial import SerialSupervisor
 from appo.run.stopping import Outcome, budget_outcome, failed, stuck_outcome
 from appo.run.supervisor import Supervisor
 from envs import EnvInfo
@@ -70,7 +71,8 @@ class Runner:
         # Who beats whom, when games have players of different acting ids (appo/population/ratings.py).
         self.ratings = Ratings.load(exp_dir) if env.num_agents > 1 and num_acting_ids(cfg) > 1 else None
         self.reports.ratings = self.ratings
-        self.supervisor = Supervisor(self.ctx.queues.report, cfg.max_worker_restarts)
+        self.supervisor = (SerialSupervisor if cfg.serial_mode else Supervisor)(self.ctx.queues.report,
+                                                                                 cfg.max_worker_restarts)
         self.pbt = PbtDriver(self.ctx, env, self.reports) if cfg.with_pbt else None
         self.interrupted = False
 
@@ -112,7 +114,8 @@ class Runner:
         start = time.monotonic()
         last_status = last_summary = start
         while True:
-            self._drain_reports(timeout=0.05)
+            self.supervisor.step_workers()
+            self._drain_reports(timeout=self.supervisor.REPORT_WAIT_S)
             reports.tick(self.ctx.control.learners.env_steps)
             now = time.monotonic()
             outcome = self._check_stop(now - start)

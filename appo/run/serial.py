@@ -19,25 +19,28 @@ from typing import Any
 class SerialSupervisor:
     """Owns the in-process role objects; writes nothing in shared memory itself."""
 
+    REPORT_WAIT_S = 0.0  # the runner must not sleep on its queue: the workers only move when it steps them
+
     def __init__(self, report_queue, max_restarts: int):
-        self.report_queue = report_queue
+        import torch
+
+        torch.set_num_threads(1)  # as inference and the learner have in their processes by default
         self.roles: dict[str, Any] = {}
+        self.set_up: set[str] = set()
         self.ready_at: dict[str, float] = {}
-        self.started = time.monotonic()
-        self.workers: dict[str, Any] = {}  # no processes: the hang detection has nothing to kill
 
-    def add(self, name: str, module: str, function: str, args: Callable[[], tuple], cleanup: Callable[[], object],
-            inbox, role: str = "") -> None:
-        """Build the role object named `role` of `module` with the arguments its process would get."""
-        role_class = getattr(importlib.import_module(module), role)
-        self.roles[name] = role_class(*args())
+    def add(self, name: str, module: str, role_class: str, args: Callable[[], tuple], cleanup: Callable[[], object],
+            inbox) -> None:
+        """Build the role object (the class `role_class` of `module`) with the arguments its process would get."""
+        self.roles[name] = getattr(importlib.import_module(module), role_class)(*args())
 
-    def step_all(self) -> None:
-        """One round of every role, in the order they were added (learners, evaluator, inference, actors)."""
+    def step_workers(self) -> None:
+        """One round of every role, in the order they were added (learners, evaluator, inference, actors); a role's
+        set-up comes first, in its first round."""
         for name, role in self.roles.items():
-            if name not in self.ready_at:
+            if name not in self.set_up:
                 role.setup()
-                self.ready_at[name] = time.monotonic()
+                self.set_up.add(name)
             role.step(0.0)
 
     # ---------------------------------------------------------------- the supervisor's interface
@@ -66,5 +69,6 @@ class SerialSupervisor:
 
     def join_all(self, deadline: float, while_waiting: Callable[[], None]) -> None:
         """Let every role finish as it would on the stop flag (learners save their checkpoint)."""
-        for role in self.roles.values():
-            role.close()
+        for name, role in self.roles.items():
+            if name in self.set_up:
+                role.close()

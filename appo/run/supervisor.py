@@ -1,7 +1,7 @@
 """Process lifecycle: start the workers, notice the ones that die, replace them, stop them all.
 
 What a worker does is its role's business (actor_worker, inference_worker, learner); the supervisor only
-knows how to start each one (a module, a function and a callable giving its current arguments, so a
+knows how to start each one (a module, a role class and a callable giving its current arguments, so a
 replacement gets, say, a PBT policy's current hyper-parameters) and what each process last said about
 itself (ready, a crash traceback, a fatal error). A death is described once, with its cause; the runner
 decides what to do with it.
@@ -36,7 +36,7 @@ class Worker:
 
     name: str
     module: str
-    function: str
+    role_class: str  # the class in `module` whose `main(*args)` is the process's entry point
     args: Callable[[], tuple]
     cleanup: Callable[[], object]  # lowers the shared-memory flags a death may leave raised
     inbox: object  # the queue it reads (utils.queues.forget_waiters after its death)
@@ -70,23 +70,29 @@ class Supervisor:
     """Owns the worker processes of one machine (the runner's, or a Ray node's sampler group); writes nothing in
     shared memory itself (a dead worker's `cleanup` lowers the flags it may have left raised)."""
 
+    REPORT_WAIT_S = 0.05  # the runner's wait for reports in each loop: the workers run meanwhile
+
     def __init__(self, report_queue, max_restarts: int):
         self.report_queue, self.max_restarts = report_queue, max_restarts
         self.workers: dict[str, Worker] = {}
 
-    def add(self, name: str, module: str, function: str, args: Callable[[], tuple], cleanup: Callable[[], object],
+    def add(self, name: str, module: str, role_class: str, args: Callable[[], tuple], cleanup: Callable[[], object],
             inbox) -> None:
-        self.workers[name] = Worker(name, module, function, args, cleanup, inbox)
+        """Start worker `name`: the class `role_class` of `module`, whose `main(*args())` runs in a forked process."""
+        self.workers[name] = Worker(name, module, role_class, args, cleanup, inbox)
         self._start(self.workers[name])
 
     def _start(self, worker: Worker) -> None:
         context = multiprocessing.get_context("fork")
         worker.process = context.Process(
             target=start_component, name=worker.name, daemon=True,
-            args=(worker.name, self.report_queue, worker.module, worker.function, os.getpid(), *worker.args()))
+            args=(worker.name, self.report_queue, worker.module, worker.role_class, os.getpid(), *worker.args()))
         worker.ready, worker.error, worker.fatal, worker.killed_because = False, None, False, None
         worker.started = time.monotonic()
         worker.process.start()
+
+    def step_workers(self) -> None:
+        """Nothing to do: each worker runs in its own process (appo/run/serial.py steps them in this one)."""
 
     # ---------------------------------------------------------------- what workers report about themselves
     def on_ready(self, name: str) -> None:
@@ -204,13 +210,13 @@ class Supervisor:
                 process.join()
 
 
-def start_component(name: str, report_queue, module: str, function: str, parent_pid: int, *args: Any) -> None:
+def start_component(name: str, report_queue, module: str, role_class: str, parent_pid: int, *args: Any) -> None:
     """Entry point of every forked worker: import its module here, so torch loads only where needed; a crash is
     reported to the runner as a `WorkerFailed` (with the traceback) and the process exits non-zero."""
     die_with_parent(parent_pid, name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        getattr(importlib.import_module(module), function)(*args)
+        getattr(importlib.import_module(module), role_class).main(*args)
     except FatalError as exc:
         log.error("%s: %s", name, exc)
         _report_and_exit(report_queue, WorkerFailed(name, str(exc), fatal=True), EXIT_FATAL)

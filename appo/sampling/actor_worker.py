@@ -9,8 +9,9 @@ depend on lives in shared memory, so a replacement started by the runner after a
 buffers.
 
 The parts, each in its module: `EnvStepper` (env_stepper.py) owns the envs, `SlotAllocator` (slots.py) the
-trajectory slots, `EpisodeTracker` (episodes.py) returns, lengths and finished episodes; `ActorWorker` here runs
-the request/answer protocol and moves data between the envs and the slots.
+trajectory slots, `EpisodeTracker` (episodes.py) returns, lengths and finished episodes, `AgentPolicies`
+(agent_policies.py) who plays each env-agent, `ActionRequests` (requests.py) the request/answer protocol;
+`ActorWorker` here runs the main loop and moves data between the envs and the slots.
 
 Writes: control.actors.cur_slot, agent_policy, request_step, request_count and waiting (and, through its parts,
 control.actors.call*, control.slot_owed); in its slots traj.obs, rnn_states (zeroed at episode starts), rewards,
@@ -20,22 +21,20 @@ the runner. This module never imports torch: it sees the shared buffers as numpy
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import gymnasium as gym
 import numpy as np
-from faster_fifo import Empty, Full
 
-from appo.config.topology import inference_shard_of
 from appo.config.views import ActorConfig
 from appo.memory.buffers import WAKE_TIMEOUT_S
 from appo.memory.context import WorkerContext
-from appo.messages import WAKE, ActorReport, WorkerReady
+from appo.messages import ActorReport, WorkerReady
 from appo.population.matchmaking import num_acting_ids
 from appo.sampling.agent_policies import AgentPolicies
 from appo.sampling.env_stepper import EnvStepper
 from appo.sampling.episodes import EpisodeTracker
+from appo.sampling.requests import ActionRequests
 from appo.sampling.slots import SlotAllocator
 from appo.spaces import SINGLE_KEY
 from utils.process import init_worker
@@ -49,12 +48,11 @@ MAX_BLOCK_S = 0.05
 
 class Split:
     """Where one split stands: step `t` inside its current trajectory, the slots its env-agents fill (a copy of
-    control.actors.cur_slot[worker, split]; none before its first), the acting ids asked at its last request."""
+    control.actors.cur_slot[worker, split]; none before its first)."""
 
     def __init__(self) -> None:
         self.t = 0
         self.slots = np.zeros(0, dtype=np.int64)
-        self.acting: list[int] = []
         self.obs_rows: list[np.ndarray] = []  # per env-agent, its slot's observation rows (single Box obs only)
 
 
@@ -69,13 +67,8 @@ class ActorWorker:
         cfg, layout, control = ctx.cfg, ctx.layout, ctx.control
         self.cfg, self.layout, self.worker, self.traj, self.control = cfg, layout, worker, ctx.traj, control
         self.num_agents, self.num_acting = layout.num_agents, num_acting_ids(cfg)
-        self.inbox, self.report_queue = ctx.queues.actor_inboxes[worker], ctx.queues.report
-        # This worker is served by inference worker `worker % policy_workers_per_policy` of each shard.
-        self.inference_index = worker % cfg.policy_workers_per_policy
-        self.inference_wakeups = [queues[self.inference_index] for queues in ctx.queues.inference_wakeups]
-        self.inference_shard = inference_shard_of(cfg)  # per acting id
-        self.request_count = control.actors.request_count[:, worker]  # [acting id, split] views
-        self.answer_count = control.inference.answer_count[:, worker]
+        self.report_queue = ctx.queues.report
+        self.requests = ActionRequests(ctx, worker)
         self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 1000 * worker)
         self.timing = Timing()
         self.stepper = EnvStepper(ctx, worker, self.rng, self.timing)
@@ -93,6 +86,15 @@ class ActorWorker:
         self.last_report = time.monotonic()
 
     # ---------------------------------------------------------------- main loop
+    @classmethod
+    def main(cls, ctx: WorkerContext, worker: int) -> None:
+        """The entry point of the actor's process: its scheduling and threads, then `run()`."""
+        cfg = ctx.cfg
+        init_worker(cfg, cpu=worker if cfg.set_workers_cpu_affinity else None,
+                    single_thread=cfg.force_envs_single_thread, extra_niceness=cfg.actor_niceness,
+                    batch_scheduling=cfg.actor_sched_batch)
+        cls(ctx, worker).run()
+
     def run(self) -> None:
         self.setup()
         while not self.control.runner.stop[0]:
@@ -127,7 +129,7 @@ class ActorWorker:
                     break  # hold its last observation, which another split could take once a learner read them
         if not stepped:
             with self.timing.time("wait_actions"):
-                self._wait_for_answers(min(timeout, WAKE_TIMEOUT_S))
+                self.requests.wait_for_answers(min(timeout, WAKE_TIMEOUT_S))
         self._maybe_report()
 
     def close(self) -> None:
@@ -144,7 +146,7 @@ class ActorWorker:
         while self.started < len(self.splits):
             slots = self.slots.take(self.layout.agents_per_split)
             if slots is None:
-                self._wait_for_wakeup(min(timeout, MAX_BLOCK_S))
+                self.requests.wait_for_wakeup(min(timeout, MAX_BLOCK_S))
                 return
             self._start_split(self.started, slots)
             self.started += 1
@@ -176,32 +178,11 @@ class ActorWorker:
     # ---------------------------------------------------------------- requests and answers
     def answered(self, s: int) -> bool:
         """Whether every acting id asked at split s's last request has written its actions."""
-        return all(self.answer_count[p, s] == self.request_count[p, s] for p in self.splits[s].acting)
+        return self.requests.answered(s)
 
     def _request_actions(self, s: int) -> None:
-        """Ask every acting id of split s for actions at its current step; wake the idle inference workers."""
-        split, actors, w = self.splits[s], self.control.actors, self.worker
-        split.acting = self.players.acting_ids(s)
-        for policy in split.acting:
-            actors.request_step[policy, w, s] = split.t
-            actors.request_count[policy, w, s] += 1  # publishes the request: written last
-            shard = self.inference_shard[policy]
-            if self.control.inference.idle[shard, self.inference_index]:
-                with contextlib.suppress(Full):  # a full queue has wake-ups enough
-                    self.inference_wakeups[shard].put_nowait(WAKE)
-
-    def _wait_for_answers(self, timeout: float) -> None:
-        """Wait on the inbox until an inference worker wakes this actor (or the timeout passes)."""
-        self.control.actors.waiting[self.worker] = 1
-        if not any(self.answered(s) for s in range(len(self.splits))):  # an answer may predate the flag
-            self._wait_for_wakeup(timeout)
-        self.control.actors.waiting[self.worker] = 0
-
-    def _wait_for_wakeup(self, timeout: float) -> None:
-        """Wait until a wake-up comes (or the timeout passes; 0: only empty the inbox). What comes is only WAKE:
-        from inference (actions are written) or from a learner (it has read slots of this worker)."""
-        with contextlib.suppress(Empty):
-            self.inbox.get_many(block=timeout > 0, timeout=timeout)
+        """Ask every acting id of split s for actions at its current step."""
+        self.requests.request(s, self.splits[s].t, self.players.acting_ids(s))
 
     # ---------------------------------------------------------------- stepping
     def _step_split(self, s: int) -> None:
@@ -257,7 +238,7 @@ class ActorWorker:
         if self._move_to_fresh_slots(s):
             self._request_actions(s)
             return True
-        self._wait_for_wakeup(min(timeout, MAX_BLOCK_S))
+        self.requests.wait_for_wakeup(min(timeout, MAX_BLOCK_S))
         return False
 
     def _move_to_fresh_slots(self, s: int) -> bool:
@@ -304,10 +285,3 @@ class ActorWorker:
             worker=self.worker, env_steps=self.env_steps, episodes=episodes, games=games, timing=self.timing.take(),
             env_errors=self.stepper.take_errors(), nonfinite=nonfinite, state=self._state()))
         self.env_steps = 0
-
-
-def run_actor_worker(ctx: WorkerContext, worker: int) -> None:
-    cfg = ctx.cfg
-    init_worker(cfg, cpu=worker if cfg.set_workers_cpu_affinity else None, single_thread=cfg.force_envs_single_thread,
-                extra_niceness=cfg.actor_niceness, batch_scheduling=cfg.actor_sched_batch)
-    ActorWorker(ctx, worker).run()

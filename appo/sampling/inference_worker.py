@@ -98,6 +98,13 @@ class InferenceWorker:
         self.request_rate = 0.0  # streams asking per second, measured over the last report interval
         self.last_report = time.monotonic()
 
+    @classmethod
+    def main(cls, ctx: WorkerContext, shard: int, index: int) -> None:
+        """The entry point of the inference process: one thread for torch, then `run()`."""
+        init_worker(ctx.cfg, cpu=None, single_thread=True)
+        torch.set_num_threads(1)
+        cls(ctx, shard, index).run()
+
     def run(self) -> None:
         self.setup()
         while not self.control.runner.stop[0]:
@@ -268,9 +275,3 @@ class InferenceWorker:
                                               timing=self.timing.take(), nonfinite=self.nonfinite,
                                               state=f"weights version {versions}"))
         self.samples = self.batches = self.requests = self.nonfinite = 0
-
-
-def run_inference_worker(ctx: WorkerContext, shard: int, index: int) -> None:
-    init_worker(ctx.cfg, cpu=None, single_thread=True)
-    torch.set_num_threads(1)
-    InferenceWorker(ctx, shard, index).run()

@@ -47,12 +47,12 @@ class SamplerGroup:
         for shard, wakeups in enumerate(queues.inference_wakeups):
             for i, wakeup in enumerate(wakeups):
                 supervisor.add(inference_name(self.cfg, shard, i), "appo.sampling.inference_worker",
-                               "run_inference_worker", lambda shard=shard, i=i: (ctx, shard, i),
+                               "InferenceWorker", lambda shard=shard, i=i: (ctx, shard, i),
                                # actors must stop sending wake-ups to a queue nobody reads
                                cleanup=lambda shard=shard, i=i: control.inference.idle.__setitem__((shard, i), 0),
                                inbox=wakeup)
         for w, inbox in enumerate(queues.actor_inboxes):
-            supervisor.add(f"actor_{w}", "appo.sampling.actor_worker", "run_actor_worker", lambda w=w: (ctx, w),
+            supervisor.add(f"actor_{w}", "appo.sampling.actor_worker", "ActorWorker", lambda w=w: (ctx, w),
                            cleanup=lambda w=w: (control.actors.waiting.__setitem__(w, 0),
                                                 control.actors.call.__setitem__(w, 0)),
                            inbox=inbox)
@@ -62,8 +62,10 @@ class SamplerGroup:
         actors, now = self.ctx.control.actors, time.monotonic()
         for w in range(self.cfg.num_workers):
             call, since = int(actors.call[w]), float(actors.call_since[w])
+            if not call or now - since <= self.cfg.env_timeout_seconds:
+                continue  # (always so in --serial_mode: the runner looks only between env calls)
             worker = supervisor.workers[f"actor_{w}"]
-            if call and now - since > self.cfg.env_timeout_seconds and not worker.killed_because:
+            if not worker.killed_because:
                 supervisor.kill(worker.name, f"stuck for {now - since:.0f} s in env.{ENV_CALLS[call]} of "
                                 f"its env {int(actors.call_env[w])} (--env_timeout_seconds="
                                 f"{self.cfg.env_timeout_seconds:g})")
