@@ -259,7 +259,7 @@ def test_serial_mode_gives_the_multiprocess_runs_result(trainer):
 
 @pytest.mark.timeout(90)
 def test_serial_mode_runs_a_whole_run_in_this_process(tmp_path):
-    from appo import train
+    from appo.train import train
     from appo.hooks import Hooks
 
     children_seen = []

@@ -28,7 +28,7 @@ from appo.learning.checkpoint import checkpoint_dir, read_best, save_best
 from appo.learning.model import ActorCritic
 from appo.learning.trained_policy import TrainedPolicy, episode_env_kwargs, play, summarise
 from appo.learning.weights import WeightsSubscriber
-from appo.memory.context import WorkerContext
+from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import CheckpointSaved, EvaluateRequest, Evaluation, WorkerReady
 from envs import make_env
 from utils.logs import log
@@ -40,8 +40,10 @@ MAX_STEPS = 1_000_000  # per evaluation: an episode still going then is not coun
 INBOX_TIMEOUT_S = 0.1  # the longest a step waits for a request
 
 
-class Evaluator:
+class Evaluator(WorkerRole):
     """The evaluation process (module docstring): its envs, a CPU model per policy, each policy's best result."""
+
+    STEP_TIMEOUT_S = INBOX_TIMEOUT_S
 
     def __init__(self, ctx: WorkerContext, num_agents: int):
         ctx = ctx.for_role(EvaluatorConfig)
@@ -109,11 +111,6 @@ class Evaluator:
         torch.set_num_threads(1)
         cls(ctx, num_agents).run()
 
-    def run(self) -> None:
-        self.setup()
-        while not self.control.runner.stop[0]:
-            self.step(INBOX_TIMEOUT_S)
-        self.close()
 
     def setup(self) -> None:
         """The envs are made: ready for requests."""

@@ -37,7 +37,7 @@ from appo.learning.device import resolve_device
 from appo.learning.policy import Policy
 from appo.learning.ppo import ppo_updates
 from appo.learning.weights import WeightsPublisher
-from appo.memory.context import WorkerContext
+from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import (
     AdoptWeights,
     CheckpointSaved,
@@ -111,10 +111,12 @@ class LearnerCounters:
         self.samples = self.dropped = self.skipped_updates = self.nonfinite = 0
 
 
-class Learner:
+class Learner(WorkerRole):
     """The process side of one policy (module docstring). Owns the policy, its checkpoints and PBT transfer files;
     writes its weights segments and `control.learners` entries (version, env and train steps, pause_collection),
     and clears `control.slot_owed[policy]` once it has read a slot."""
+
+    STEP_TIMEOUT_S = INBOX_TIMEOUT_S
 
     def __init__(self, ctx: WorkerContext, policy_id: int, hyperparams: dict[str, float] | None = None,
                  report_iterations: bool = False):
@@ -167,11 +169,6 @@ class Learner:
         torch.set_num_threads(ctx.cfg.learner_torch_threads)
         cls(ctx, policy_id, hyperparams, report_iterations).run()
 
-    def run(self) -> None:
-        self.setup()
-        while not self.control.runner.stop[0]:
-            self.step(INBOX_TIMEOUT_S)
-        self.close()
 
     def setup(self) -> None:
         """Serve the weights and say so: a crash from now on gets this learner replaced."""

@@ -45,7 +45,7 @@ from faster_fifo import Empty, Full
 
 from appo.config.topology import inference_shards
 from appo.memory.buffers import Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext
+from appo.memory.context import Queues, WorkerContext, WorkerRole
 from appo.memory.control import SharedControl
 from appo.memory.segments import (
     attach_segment,
@@ -265,8 +265,10 @@ class WeightsRelay:
             yield acting_id, *self.published[acting_id]
 
 
-class Cluster:
+class Cluster(WorkerRole):
     """The head's Ray driver (module docstring). Writes the head's trajectory slots and their `slot_owed` flags."""
+
+    STEP_TIMEOUT_S = WAIT_S
 
     def __init__(self, ctx: WorkerContext, env: EnvInfo):
         self.cfg, self.layout, self.env, self.traj, self.control = ctx.cfg, ctx.layout, env, ctx.traj, ctx.control
@@ -286,12 +288,13 @@ class Cluster:
         cls(ctx, env).run()
 
     def run(self) -> None:
-        self.setup()
+        """As every role's; the sampler groups on the nodes are stopped however the loop ends."""
         try:
-            while not self.control.runner.stop[0]:
-                self.step(WAIT_S)
-        finally:
+            super().run()
+        except BaseException:
             self.close()
+            raise
+
 
     def setup(self) -> None:
         """Join the Ray cluster and start a sampler group per `plan_groups`."""

@@ -28,7 +28,7 @@ import numpy as np
 
 from appo.config.views import ActorConfig
 from appo.memory.buffers import WAKE_TIMEOUT_S
-from appo.memory.context import WorkerContext
+from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import ActorReport, WorkerReady
 from appo.population.matchmaking import num_acting_ids
 from appo.sampling.agent_policies import AgentPolicies
@@ -56,11 +56,13 @@ class Split:
         self.obs_rows: list[np.ndarray] = []  # per env-agent, its slot's observation rows (single Box obs only)
 
 
-class ActorWorker:
+class ActorWorker(WorkerRole):
     """Steps the splits whose actions are answered, asks for the next ones, and moves splits onto fresh slots.
 
     `setup()` makes the envs; `step(timeout)` starts the splits (first slots, env resets) and then does one round
     of stepping; none of it blocks longer than `timeout`, so a serial run can call `step(0.0)`."""
+
+    STEP_TIMEOUT_S = MAX_BLOCK_S
 
     def __init__(self, ctx: WorkerContext, worker: int):
         ctx = ctx.for_role(ActorConfig)  # the flags this role reads, and no others
@@ -95,11 +97,6 @@ class ActorWorker:
                     batch_scheduling=cfg.actor_sched_batch)
         cls(ctx, worker).run()
 
-    def run(self) -> None:
-        self.setup()
-        while not self.control.runner.stop[0]:
-            self.step(MAX_BLOCK_S)
-        self.close()
 
     def setup(self) -> None:
         """Make the envs (as long as that takes); the splits take their first slots in `step`."""

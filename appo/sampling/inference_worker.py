@@ -33,7 +33,7 @@ from appo.learning.device import resolve_device
 from appo.learning.model import ActorCritic
 from appo.learning.weights import WeightsSubscriber
 from appo.memory.buffers import WAKE_TIMEOUT_S
-from appo.memory.context import WorkerContext
+from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import WAKE, InferenceReport, WorkerReady
 from appo.population.matchmaking import num_acting_ids
 from utils.logs import log
@@ -45,11 +45,13 @@ REPORT_INTERVAL_S = 1.0
 MAX_BATCH_WAIT_S = 0.002
 
 
-class InferenceWorker:
+class InferenceWorker(WorkerRole):
     """Serves the requests of its shard's acting ids (`policies`) from the actors w with
     w % --policy_workers_per_policy == index: one forward pass per acting id over every pending request.
 
     `setup()` loads the weights; `step(timeout)` serves one batch, blocking at most `timeout` seconds."""
+
+    STEP_TIMEOUT_S = WAKE_TIMEOUT_S
 
     def __init__(self, ctx: WorkerContext, shard: int, index: int):
         ctx = ctx.for_role(InferenceConfig)  # the flags this role reads, and no others
@@ -105,11 +107,6 @@ class InferenceWorker:
         torch.set_num_threads(1)
         cls(ctx, shard, index).run()
 
-    def run(self) -> None:
-        self.setup()
-        while not self.control.runner.stop[0]:
-            self.step(WAKE_TIMEOUT_S)
-        self.close()
 
     def setup(self) -> None:
         """Load the published weights of the policies (waiting for their learners' first publication; a
