@@ -19,10 +19,22 @@ def setup_logging(log_path: str | None = None) -> logging.Logger:
     stream.setFormatter(formatter)
     logger.addHandler(stream)
     if log_path is not None:
-        file_handler = logging.FileHandler(log_path, mode="a")
+        file_handler = LogFileHandler(log_path, mode="a")
         file_handler.setFormatter(formatter)
         logger.addHandler(file_handler)
     return logger
+
+
+class LogFileHandler(logging.FileHandler):
+    """The experiment's log file. A write that fails (a full disk, a read-only filesystem) is said once, in one line
+    on stdout, and the file is written no more by this process: logging's default prints a whole traceback for every
+    record that fails, which buried the one line that said the disk was full."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        self.close()
+        logging.getLogger("appo").removeHandler(self)
+        print(f"log file {self.baseFilename}: {error}; the log goes on on stdout only", file=sys.stdout, flush=True)
 
 
 log = logging.getLogger("appo")

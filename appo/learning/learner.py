@@ -38,6 +38,7 @@ from appo.learning.policy import Policy
 from appo.learning.ppo import ppo_updates
 from appo.learning.weights import WeightsPublisher
 from appo.memory.context import WorkerContext, WorkerRole
+from appo.memory.segments import check_room
 from appo.messages import (
     AdoptWeights,
     CheckpointSaved,
@@ -52,6 +53,7 @@ from appo.population.pbt import transfer_path
 from utils.files import atomic_write
 from utils.logs import log
 from utils.process import FatalError, init_worker
+from utils.resources import write_failure
 from utils.timing import Timing
 
 MAX_CONSECUTIVE_SKIPPED = 100
@@ -71,6 +73,7 @@ class LearnerCounters:
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.samples = self.dropped = self.skipped_updates = self.nonfinite = 0
         self.consecutive_skipped = 0  # kept across reports
+        self.failed_saves = 0  # checkpoint writes the disk refused, in this run
 
     def add_batch(self, batch: Batch) -> None:
         self.dropped += batch.dropped
@@ -142,6 +145,7 @@ class Learner(WorkerRole):
         self.policy = Policy(policy_id, cfg, ctx.spaces, self.device, flags)
         self.policy.model.set_bf16_images(cfg.learner_bf16)
         checkpoint = self._load()
+        check_room(ctx.weights_names, WeightsPublisher.nbytes(self.policy.model))  # the run's, before any is made
         self.weights = WeightsPublisher(self.policy.model, ctx.weights_names[policy_id], ctx.control, policy_id)
         # The self-play pool's segments: snapshot k of this policy is acting id snapshot_ids(cfg, policy_id)[k].
         self.snapshot_weights = [WeightsPublisher(self.policy.model, ctx.weights_names[i], ctx.control, i)
@@ -203,6 +207,8 @@ class Learner(WorkerRole):
     def close(self) -> None:
         """A last checkpoint and report, when the run stops."""
         self.save()
+        if self.counters.failed_saves:
+            log.error("policy %d: %d checkpoint writes failed in this run", self.policy_id, self.counters.failed_saves)
         self.report()
 
     def on_message(self, message: list | SetHyperparams | ExportWeights | AdoptWeights) -> None:
@@ -286,9 +292,18 @@ class Learner(WorkerRole):
         counters.reset()
 
     def save(self) -> None:
+        """A checkpoint, if the disk takes it; a failed write (full, read-only) leaves the older ones intact, is said
+        in one line the first time and counted after, and training goes on (the run stops by its budget)."""
         policy = self.policy
-        path = save_checkpoint(self.checkpoint_dir, policy.state_dict(), policy.version, policy.env_steps,
-                               self.cfg.keep_checkpoints)
+        try:
+            path = save_checkpoint(self.checkpoint_dir, policy.state_dict(), policy.version, policy.env_steps,
+                                   self.cfg.keep_checkpoints)
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+            self.counters.failed_saves += 1
+            if self.counters.failed_saves == 1:
+                log.error("policy %d: checkpoint not saved, training goes on (further failures are only counted): %s",
+                          self.policy_id, write_failure(self.checkpoint_dir, exc))
+            return
         if path is not None:
             self.report_queue.put(CheckpointSaved(self.policy_id, path, policy.version, policy.env_steps))
 

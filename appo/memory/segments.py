@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import _posixshmem  # CPython's POSIX shm_open/shm_unlink, used by multiprocessing.shared_memory itself
 import contextlib
+import errno
 import mmap
 import os
 import re
 import time
 
 from appo.memory.control import SharedControl
+from utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, mb, shm_shortfall
 
 
 def weights_segment_name(run_token: str, policy_id: int) -> str:
@@ -48,12 +50,30 @@ def _pid_alive(pid: int) -> bool:
 
 
 def create_segment(name: str, nbytes: int) -> mmap.mmap:
+    """A new segment of `nbytes`, its pages reserved now: a /dev/shm too small to hold it raises
+    `SharedMemoryExhausted` here (with the numbers and the fix), instead of a SIGBUS at the first write."""
     fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         os.ftruncate(fd, nbytes)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            unlink_segment(name)
+            raise SharedMemoryExhausted(errno.ENOSPC, f"weights segment {name}: {shm_shortfall(nbytes)}") from None
         return mmap.mmap(fd, nbytes)
     finally:
         os.close(fd)
+
+
+def check_room(names: list[str], nbytes: int) -> None:
+    """Raise `SharedMemoryExhausted`, with the numbers and the fix, unless /dev/shm can hold every segment of
+    `names` (`nbytes` each) that does not exist yet: a run's whole need is known before the first is made."""
+    missing = [name for name in names if not os.path.exists(os.path.join(SHM_DIR, name.lstrip("/")))]
+    if len(missing) * nbytes > free_bytes(SHM_DIR):
+        raise SharedMemoryExhausted(errno.ENOSPC, f"the weights of {len(names)} policies and self-play snapshots "
+                                    f"({mb(nbytes)} each): {shm_shortfall(len(missing) * nbytes)}")
 
 
 def open_segment(name: str, nbytes: int) -> mmap.mmap:

@@ -126,6 +126,7 @@ class Runner:
             if self.ctx.queues.evaluator_inbox is not None:
                 self._request_evaluations()
             if now - last_status >= cfg.report_interval:
+                reports.on_memory(self._memory_mb())
                 for line in reports.status_line().splitlines():  # one log line each: all fit 120 columns
                     log.info(line)
                 last_status = now

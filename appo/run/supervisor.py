@@ -26,8 +26,12 @@ from appo.messages import WorkerFailed
 from utils.logs import log
 from utils.process import EXIT_FATAL, FatalError, die_with_parent
 from utils.queues import forget_waiters, release_if_held_by
+from utils.resources import mb, memory_limit_bytes, oom_kills, shm_room
 
 RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
+# A worker that dies this soon after its start, twice in a row with the same cause, would die so again: the run
+# stops instead of using up --max_worker_restarts (a /dev/shm too small, a disk that is full, a broken install).
+EARLY_DEATH_S = 10.0
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Worker:
     killed_because: str | None = None  # set when the runner killed it (a hang)
     restarts: deque[float] = field(default_factory=deque)  # monotonic times, within RESTART_WINDOW_S
     total_restarts: int = 0
+    early_death: str | None = None  # the cause of its last death, when that came within EARLY_DEATH_S of its start
 
     @property
     def role(self) -> str:
@@ -75,6 +80,7 @@ class Supervisor:
     def __init__(self, report_queue, max_restarts: int):
         self.report_queue, self.max_restarts = report_queue, max_restarts
         self.workers: dict[str, Worker] = {}
+        self.oom_kills_seen = oom_kills()  # the cgroup's OOM-kill count when deaths were last looked at
 
     def add(self, name: str, module: str, role_class: str, args: Callable[[], tuple], cleanup: Callable[[], object],
             inbox) -> None:
@@ -127,11 +133,12 @@ class Supervisor:
             elif worker.error:
                 cause = worker.error.strip().splitlines()[-1] if not worker.fatal else worker.error
             elif code < 0:
-                cause = f"killed by {signal.Signals(-code).name}"
+                cause = signal_cause(-code, self.oom_kills_seen)
             else:
                 cause = f"exited with code {code}"
             permanent = worker.fatal or code == EXIT_FATAL or (worker.error is not None and not worker.ready)
             found.append(Death(worker, cause, permanent))
+        self.oom_kills_seen = oom_kills()
         return found
 
     def replace_dead(self, queues: list[tuple[str, object]], drain_reports: Callable[[], None]) -> str | None:
@@ -149,6 +156,11 @@ class Supervisor:
             if death.permanent:
                 what = "stopped the run" if worker.fatal else "crashed while starting (a replacement would too)"
                 return f"{worker.name} {what}: {death.cause}"
+            early = time.monotonic() - worker.started < EARLY_DEATH_S
+            if early and death.cause == worker.early_death:
+                return (f"{worker.name} died the same way twice within {EARLY_DEATH_S:g} s of its start, a replacement "
+                        f"would too: {death.cause}")
+            worker.early_death = death.cause if early else None
             if not self.may_restart(worker):
                 return (f"{worker.name} died more than --max_worker_restarts={self.max_restarts} times within an "
                         f"hour; last cause: {death.cause}")
@@ -208,6 +220,18 @@ class Supervisor:
             if process.is_alive():
                 process.kill()
                 process.join()
+
+
+def signal_cause(signum: int, oom_kills_before: int | None) -> str:
+    """Why a process killed by `signum` died, as far as the kernel tells: the OOM killer (the cgroup counted one more
+    OOM kill), shared memory (a SIGBUS is what a write to a full /dev/shm gets), or just the signal."""
+    name = signal.Signals(signum).name
+    if signum == signal.SIGKILL and oom_kills_before is not None and (oom_kills() or 0) > oom_kills_before:
+        return (f"killed by the kernel's OOM killer ({name}); the machine's memory limit is "
+                f"{mb(memory_limit_bytes())}")
+    if signum == signal.SIGBUS:
+        return f"killed by {name}: shared memory exhausted? {shm_room()}"
+    return f"killed by {name}"
 
 
 def start_component(name: str, report_queue, module: str, role_class: str, parent_pid: int, *args: Any) -> None:

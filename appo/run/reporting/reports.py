@@ -138,6 +138,9 @@ class Reports:
         self.numbers.track_best_rewards()
         return self.text.summary(checkpoints)
 
+    def on_memory(self, memory_mb: dict[str, float]) -> None:
+        self.tally.on_memory(memory_mb)
+
     def write_summaries(self, memory_mb: dict[str, float]) -> None:
         self.summaries.write(memory_mb)
 

@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 from appo.messages import Evaluation
 from appo.run.reporting.config import ReportingConfig
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
+from utils.logs import log
+from utils.resources import write_failure
+
+
+def guarded(write: Callable) -> Callable:
+    """A summary write that may fail (a full disk, a read-only filesystem, no room in /dev/shm for tensorboardX's
+    queue): the first failure is said in one line and summaries stop, so the run goes on without them."""
+
+    @functools.wraps(write)
+    def wrapper(self: SummaryWriters, *args: Any) -> None:
+        if self.failed:
+            return
+        try:
+            write(self, *args)
+        except OSError as exc:
+            self.failed = True
+            log.error("tensorboard summaries stop: %s", write_failure(os.path.join(self.exp_dir, "summaries"), exc))
+
+    return wrapper
 
 
 class SummaryWriters:
@@ -20,6 +41,7 @@ class SummaryWriters:
     def __init__(self, tally: Tally, numbers: Numbers, config: ReportingConfig, exp_dir: str) -> None:
         self.tally, self.numbers, self.config, self.exp_dir = tally, numbers, config, exp_dir
         self._writers: list | None = None
+        self.failed = False  # a write failed: no more summaries this run
 
     @property
     def writers(self) -> list:
@@ -30,6 +52,7 @@ class SummaryWriters:
                              for p in range(self.config.num_policies)]
         return self._writers
 
+    @guarded
     def write(self, memory_mb: dict[str, float]) -> None:
         """Everything, for every policy; run-wide counts go with the first policy."""
         for p, writer in enumerate(self.writers):
@@ -81,11 +104,13 @@ class SummaryWriters:
         writer.add_scalar("cluster/head_busy", busy, step)
         writer.add_scalar("faults/sampler_groups_replaced", restarts.get("sampler group", 0), step)
 
+    @guarded
     def write_evaluation(self, report: Evaluation) -> None:
         """All of an evaluation's results, under eval/, at the env steps it was taken at."""
         for name, value in report.results.items():
             self.writers[report.policy].add_scalar(f"eval/{name}", value, report.env_steps)
 
+    @guarded
     def write_pbt(self, policy: int) -> None:
         """The policy's current hyper-parameters and objective, under pbt/."""
         writer, step = self.writers[policy], self.tally.env_steps[policy]
@@ -95,6 +120,7 @@ class SummaryWriters:
         if objective is not None:
             writer.add_scalar("pbt/objective", objective, step)
 
+    @guarded
     def write_ratings(self, policy: int) -> None:
         """The policy's Elo and its win/draw/loss rates against snapshots and other policies, under selfplay/; the
         whole table of pairs as text."""
@@ -111,6 +137,7 @@ class SummaryWriters:
         if policy == 0:
             writer.add_text("selfplay/table", "\n\n".join(ratings.table()), step)
 
+    @guarded
     def close(self) -> None:
         for writer in self._writers or []:
             writer.close()

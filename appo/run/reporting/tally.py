@@ -16,6 +16,7 @@ import psutil
 
 from appo.messages import ActorReport, ClusterReport, EpisodeEnd, Evaluation, InferenceReport, LearnerReport
 from appo.run.reporting.config import ReportingConfig
+from utils.resources import memory_limit_bytes
 
 Clock = Callable[[], float]
 RATE_WINDOWS = (10, 60, 300)  # seconds: the FPS windows of the status line
@@ -218,6 +219,14 @@ class Tally:
         self.device = "?"
         self.states: dict[str, tuple[str, float]] = {}  # each worker's last reported state and when, for stalls
         self.last_progress = self.start  # when env steps last moved
+        # The run's resident memory (every process), its peak, and what the machine or its cgroup allows, in MB.
+        self.memory_mb = self.peak_memory_mb = 0.0
+        self.memory_limit_mb = memory_limit_bytes() / 2**20
+
+    def on_memory(self, memory_mb: dict[str, float]) -> None:
+        """The resident memory of each process of the run, as the runner measured it."""
+        self.memory_mb = sum(memory_mb.values())
+        self.peak_memory_mb = max(self.peak_memory_mb, self.memory_mb)
 
     def on_actor(self, report: ActorReport) -> None:
         now = self.clock()

@@ -43,7 +43,12 @@ class StatusText:
             head = f"{fraction:.1%} of {budget} in {elapsed}, ETA {'-' if eta is None else duration(eta)}"
         fps = "/".join(si(self.numbers.fps(w)) for w in RATE_WINDOWS)
         windows = "/".join(f"{w}s" for w in RATE_WINDOWS)
-        return fit([head, f" | env steps {self.tally.total_env_steps()}", f" | FPS {windows} {fps}"])
+        memory = [f" | memory {self._memory(self.tally.memory_mb)}"] if self.tally.memory_mb else []
+        return fit([head, f" | env steps {self.tally.total_env_steps()}", f" | FPS {windows} {fps}", *memory])
+
+    def _memory(self, used_mb: float) -> str:
+        """The run's memory against the machine's (or its cgroup's) limit: '3.1 of 24.0 GB'."""
+        return f"{used_mb / 1024:.1f} of {self.tally.memory_limit_mb / 1024:.1f} GB"
 
     def _policy_lines(self, p: int) -> list[str]:
         policy, numbers = self.tally.policies[p], self.numbers
@@ -113,7 +118,8 @@ class StatusText:
         the best full-window mean reward of this session and the newest checkpoint; one line each."""
         seconds = self.numbers.elapsed()
         took = f"{seconds:.1f} s" + (f" ({duration(seconds)})" if seconds >= 60 else "")
-        lines = [f"Summary: {took}, {self.tally.total_env_steps()} env steps"]
+        memory = f", memory peak {self._memory(self.tally.peak_memory_mb)}" if self.tally.peak_memory_mb else ""
+        lines = [f"Summary: {took}, {self.tally.total_env_steps()} env steps{memory}"]
         stats = self.numbers.final_stats()
         for p in range(self.config.num_policies):
             if p in stats:
