@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import socket
@@ -42,10 +43,13 @@ from appo.learning.checkpoint import (
     parse_name,
 )
 from appo.memory.buffers import Layout
+from appo.population.matchmaking import num_acting_ids
 from appo.population.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
+from utils.files import atomic_write_text
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
+from utils.resources import SHM_DIR, free_bytes, mb, shm_room, write_failure
 
 # Flags that decide when a run stops: raising one on the command line extends a finished run.
 BUDGET_FLAGS = ("train_for_env_steps", "train_for_seconds", "target_reward", "target_objective")
@@ -86,6 +90,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
 
     check_train_dir(cfg.train_dir)
     check_device(cfg.device)
+    check_room(cfg, info)
     if cfg.backend == "ray":
         check_ray_address(cfg.ray_address)
     for line in auto_lines:
@@ -157,6 +162,53 @@ def check_train_dir(train_dir: str) -> None:
     except OSError as exc:
         raise ConfigError(f"--train_dir={train_dir}: {existing} is not a writable folder ({exc.strerror}); "
                           "give one that is") from exc
+
+
+ROOM_CHECK_BELOW = 2**30  # with this much free in both places, no run of this trainer comes near: no check
+CHECKPOINT_OVERHEAD = 16 * 2**10  # a checkpoint's bytes besides its tensors (names, counters, the zip archive)
+
+
+def check_room(cfg: Config, info: EnvInfo) -> None:
+    """Before anything is created: can /dev/shm hold the run's weights segments (one per policy and self-play
+    snapshot; a container gets 64 MB by default) and --train_dir's filesystem its checkpoints (weights, Adam's two
+    moments, the snapshot pool)? When either has less than ROOM_CHECK_BELOW free, the model is built once in a
+    short-lived child (torch stays out of this process) to know its size; a run that cannot fit is a ConfigError
+    naming both numbers and the fix (exit code 2, nothing written)."""
+    shm_free, disk_free = free_bytes(SHM_DIR), free_bytes(cfg.train_dir)
+    if min(shm_free, disk_free) >= ROOM_CHECK_BELOW:
+        return
+    nbytes = weights_bytes_in_child((info.obs_space, info.action_space), cfg)
+    acting = num_acting_ids(cfg)
+    if acting * nbytes > shm_free:
+        raise ConfigError(f"/dev/shm is too small for this run: {acting} weights segments (one per policy and "
+                          f"self-play snapshot, {mb(nbytes)} each) need {mb(acting * nbytes)}, {shm_room()}")
+    # Weights and Adam's two moments, plus the snapshot pool; --keep_checkpoints of them and the one being written.
+    checkpoint = (3 + cfg.self_play_opponents) * nbytes + CHECKPOINT_OVERHEAD
+    disk_need = cfg.num_policies * (cfg.keep_checkpoints + 1) * checkpoint
+    if disk_need > disk_free:
+        raise ConfigError(f"--train_dir={cfg.train_dir}: --keep_checkpoints={cfg.keep_checkpoints} for "
+                          f"{cfg.num_policies} {'policy' if cfg.num_policies == 1 else 'policies'} needs about "
+                          f"{mb(disk_need)}, {mb(disk_free)} free there; use another --train_dir or a lower "
+                          "--keep_checkpoints")
+
+
+def weights_bytes_in_child(spaces: tuple, cfg) -> int:
+    """appo.learning.weights.weights_bytes, computed in a forked child that imports torch and exits."""
+    receive, send = multiprocessing.Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(target=_send_weights_bytes, args=(send, spaces, cfg),
+                                                        daemon=True)
+    child.start()
+    send.close()
+    try:
+        return receive.recv()
+    finally:
+        child.join()
+
+
+def _send_weights_bytes(send, spaces: tuple, cfg) -> None:
+    from appo.learning.weights import weights_bytes
+
+    send.send(weights_bytes(spaces, cfg))
 
 
 def check_device(device: str) -> None:
@@ -265,8 +317,11 @@ def run(argv: list[str], hooks: Hooks | None = None) -> TrainResult:
     runner = Runner(cfg, info, exp_dir, initial_env_steps, registered_hooks + (hooks or Hooks()))
     outcome = runner.run()
     if outcome.completed:
-        with open(os.path.join(exp_dir, "done"), "w") as f:
-            f.write(outcome.reason + "\n")
+        done = os.path.join(exp_dir, "done")
+        try:
+            atomic_write_text(done, outcome.reason + "\n")
+        except OSError as exc:  # the run is complete all the same: run again, it resumes and stops at once
+            log.error("The run is complete, but its done marker is not written: %s", write_failure(done, exc))
     return TrainResult(exp_dir, runner.reports.total_env_steps(), runner.reports.final_stats(),
                        newest_checkpoints(exp_dir, cfg.num_policies), outcome.reason, outcome.completed,
                        outcome.failed)

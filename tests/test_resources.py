@@ -15,11 +15,12 @@ import sys
 import pytest
 from faster_fifo import Empty
 
+from appo.memory.segments import check_room
 from appo.messages import WorkerFailed, WorkerReady
 from appo.run.supervisor import EARLY_DEATH_S, Supervisor, signal_cause
 from tests.conftest import REPO
 from utils.queues import make_queue
-from utils.resources import write_failure
+from utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, write_failure
 
 
 def private_tmpfs_works() -> bool:
@@ -34,27 +35,20 @@ needs_private_tmpfs = pytest.mark.skipif(not private_tmpfs_works(),
                                          reason="needs root and unshare -m to mount a private tmpfs")
 
 
-def trainer_on_tmpfs(mount_point: str, size: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    """`python -m appo.train ARGS` with a fresh tmpfs of `size` mounted on `mount_point`, seen by this run alone."""
-    command = " ".join([f"mount -t tmpfs -o size={size} tmpfs {mount_point} &&", sys.executable, "-m", "appo.train",
-                        *args])
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", command], cwd=REPO,
+def in_private_mount(script: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
 @needs_private_tmpfs
 @pytest.mark.timeout(120)
-def test_a_full_disk_costs_checkpoints_not_the_run(tmp_path):
-    train_dir = tmp_path / "small"
-    train_dir.mkdir()
-    # 200 KB: cfg.json, the log and two CartPole checkpoints (70 KB each) fit; the third does not.
-    script = (f"mount -t tmpfs -o size=200k tmpfs {train_dir} && "
-              f"{sys.executable} -m appo.train --env=CartPole-v1 --experiment=full --train_dir={train_dir} "
-              "--train_for_seconds=12 --save_every_sec=1 --keep_checkpoints=2; echo exit=$?; "
-              f"{sys.executable} -m appo.train --env=CartPole-v1 --experiment=full --train_dir={train_dir} "
-              "--train_for_seconds=16")
-    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=REPO,
-                            capture_output=True, text=True, timeout=110)
+def test_a_disk_that_fills_up_mid_run_costs_checkpoints_not_the_run(tmp_path):
+    train = f"{sys.executable} -m appo.train --env=CartPole-v1 --experiment=full --train_dir={tmp_path}"
+    # Another process fills the filesystem 5 s into a 12 s run; then the space comes back and the run is resumed.
+    result = in_private_mount(
+        f"mount -t tmpfs -o size=2m tmpfs {tmp_path} && ({train} --train_for_seconds=12 --save_every_sec=1 & "
+        f"sleep 5; dd if=/dev/zero of={tmp_path}/filler bs=4k 2>/dev/null; wait $!; echo exit=$?; "
+        f"rm {tmp_path}/filler; {train} --train_for_seconds=16)", timeout=110)
     first, _, second = result.stdout.partition("exit=")
     assert second.startswith("0"), result.stdout[-3000:] + result.stderr[-3000:]
     assert "Logging error" not in result.stdout + result.stderr and "Traceback" not in first
@@ -68,15 +62,31 @@ def test_a_full_disk_costs_checkpoints_not_the_run(tmp_path):
 
 @needs_private_tmpfs
 @pytest.mark.timeout(60)
-def test_shared_memory_too_small_for_the_weights_stops_the_run_at_once(tmp_path):
+def test_a_run_the_shared_memory_cannot_hold_is_refused_before_it_starts(tmp_path):
     # A 512-wide MLP's weights take about 1.1 MB; /dev/shm holds 256 KB.
-    result = trainer_on_tmpfs("/dev/shm", "256k", "--env=CartPole-v1", "--experiment=shm", f"--train_dir={tmp_path}",
-                              "--hidden_size=512", "--train_for_seconds=30", timeout=50)
-    assert result.returncode == 1, result.stdout[-3000:]
-    line = re.search(r"Run failed: learner_p0 .*", result.stdout)
-    assert line is not None, result.stdout[-3000:]
-    assert re.search(r"needs [\d.,]+ [KM]B of shared memory, /dev/shm has [\d.,]+ [KM]B free: .*--shm-size",
-                     line.group(0)), line.group(0)
+    result = in_private_mount(f"mount -t tmpfs -o size=256k tmpfs /dev/shm && {sys.executable} -m appo.train "
+                              f"--env=CartPole-v1 --experiment=shm --train_dir={tmp_path} --hidden_size=512", 50)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.fullmatch(r"error: /dev/shm is too small for this run: 1 weights segments \(one per policy and self-play "
+                        r"snapshot, [\d.,]+ [KM]B each\) need [\d.,]+ [KM]B, /dev/shm has [\d.,]+ [KM]B free: "
+                        r".*--shm-size.*", result.stderr.strip().splitlines()[-1]), result.stderr
+    assert not (tmp_path / "shm").exists()
+
+
+@needs_private_tmpfs
+@pytest.mark.timeout(60)
+def test_a_train_dir_too_small_for_the_checkpoints_is_refused_before_it_starts(tmp_path):
+    result = in_private_mount(f"mount -t tmpfs -o size=100k tmpfs {tmp_path} && {sys.executable} -m appo.train "
+                              f"--env=CartPole-v1 --experiment=small --train_dir={tmp_path} --keep_checkpoints=5", 50)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: --train_dir={tmp_path}: --keep_checkpoints=5 for 1 policy needs about [\d.,]+ KB, "
+                        r"[\d.,]+ KB free there; use another --train_dir or a lower --keep_checkpoints", line), line
+
+
+def test_a_segment_that_does_not_fit_is_refused_with_the_numbers():
+    with pytest.raises(SharedMemoryExhausted, match=r"needs [\d.,]+ MB of shared memory, /dev/shm has .*--shm-size"):
+        check_room(["/appo_test_never_made"], free_bytes(SHM_DIR) + 2**30)
 
 
 def sigbus_after_ready(report_queue, name: str) -> None:

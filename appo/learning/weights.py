@@ -119,3 +119,10 @@ class WeightsSubscriber(_FlatWeights):
             tensor.copy_(view.view_as(tensor))
         self.version = version
         return True
+
+
+def weights_bytes(spaces: tuple, cfg) -> int:
+    """The size of one acting id's weights segment for a model of these spaces and flags."""
+    from appo.learning.model import ActorCritic
+
+    return _FlatWeights.nbytes(ActorCritic(*spaces, cfg))

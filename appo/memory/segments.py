@@ -72,8 +72,8 @@ def check_room(names: list[str], nbytes: int) -> None:
     `names` (`nbytes` each) that does not exist yet: a run's whole need is known before the first is made."""
     missing = [name for name in names if not os.path.exists(os.path.join(SHM_DIR, name.lstrip("/")))]
     if len(missing) * nbytes > free_bytes(SHM_DIR):
-        raise SharedMemoryExhausted(errno.ENOSPC, f"the weights of {len(names)} policies and self-play snapshots "
-                                    f"({mb(nbytes)} each): {shm_shortfall(len(missing) * nbytes)}")
+        raise SharedMemoryExhausted(errno.ENOSPC, f"{len(names)} weights segments (one per policy and self-play "
+                                    f"snapshot, {mb(nbytes)} each): {shm_shortfall(len(missing) * nbytes)}")
 
 
 def open_segment(name: str, nbytes: int) -> mmap.mmap:

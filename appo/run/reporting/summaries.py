@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +28,7 @@ def guarded(write: Callable) -> Callable:
         try:
             write(self, *args)
         except OSError as exc:
-            self.failed = True
-            log.error("tensorboard summaries stop: %s", write_failure(os.path.join(self.exp_dir, "summaries"), exc))
+            self.fail(exc)
 
     return wrapper
 
@@ -50,7 +51,32 @@ class SummaryWriters:
 
             self._writers = [SummaryWriter(os.path.join(self.exp_dir, "summaries", str(p)), flush_secs=10)
                              for p in range(self.config.num_policies)]
+            self._catch_background_failures()
         return self._writers
+
+    def fail(self, error: OSError) -> None:
+        """Summaries stop, said once in one line (called for a write here or in tensorboardX's own thread)."""
+        if not self.failed:
+            self.failed = True
+            log.error("tensorboard summaries stop: %s", write_failure(os.path.join(self.exp_dir, "summaries"), error))
+
+    def _catch_background_failures(self) -> None:
+        """tensorboardX flushes in a thread of its own and once more at exit; an OSError there (a full disk) is
+        said like the others, in one line, instead of a traceback on stderr at every flush."""
+        thread_hook, unraisable_hook = threading.excepthook, sys.unraisablehook
+
+        def on_thread_error(args: threading.ExceptHookArgs) -> None:
+            if isinstance(args.exc_value, OSError):
+                self.fail(args.exc_value)
+            else:
+                thread_hook(args)
+
+        def on_unraisable(args: Any) -> None:
+            if isinstance(args.exc_value, OSError) and self.failed:
+                return
+            unraisable_hook(args)
+
+        threading.excepthook, sys.unraisablehook = on_thread_error, on_unraisable
 
     @guarded
     def write(self, memory_mb: dict[str, float]) -> None:
