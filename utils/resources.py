@@ -18,7 +18,10 @@ SHM_HINT = "give the container more with docker run --shm-size=... (or mount a b
 
 
 def mb(nbytes: float) -> str:
-    return f"{nbytes / 2**20:,.0f} MB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KB"
+    """A size for a person: '1,234 MB', '6.4 MB', '256 KB'."""
+    if nbytes >= 100 * 2**20:
+        return f"{nbytes / 2**20:,.0f} MB"
+    return f"{nbytes / 2**20:.1f} MB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KB"
 
 
 def free_bytes(path: str) -> int:
