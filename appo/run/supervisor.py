@@ -32,6 +32,7 @@ RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one wo
 # A worker that dies this soon after its start, twice in a row with the same cause, would die so again: the run
 # stops instead of using up --max_worker_restarts (a /dev/shm too small, a disk that is full, a broken install).
 EARLY_DEATH_S = 10.0
+KILLED_FROM_OUTSIDE = ("killed by SIGKILL", "killed by SIGTERM")  # an OOM kill is named otherwise (signal_cause)
 
 
 @dataclass
@@ -156,14 +157,15 @@ class Supervisor:
             if death.permanent:
                 what = "stopped the run" if worker.fatal else "crashed while starting (a replacement would too)"
                 return f"{worker.name} {what}: {death.cause}"
-            early = time.monotonic() - worker.started < EARLY_DEATH_S
+            if not self.may_restart(worker):
+                return (f"{worker.name} died more than --max_worker_restarts={self.max_restarts} times within an "
+                        f"hour; last cause: {death.cause}")
+            # A kill from outside (a user's kill -9, a chaos test) says nothing about the next start.
+            early = time.monotonic() - worker.started < EARLY_DEATH_S and death.cause not in KILLED_FROM_OUTSIDE
             if early and death.cause == worker.early_death:
                 return (f"{worker.name} died the same way twice within {EARLY_DEATH_S:g} s of its start, a replacement "
                         f"would too: {death.cause}")
             worker.early_death = death.cause if early else None
-            if not self.may_restart(worker):
-                return (f"{worker.name} died more than --max_worker_restarts={self.max_restarts} times within an "
-                        f"hour; last cause: {death.cause}")
             for name, queue in queues:
                 if release_if_held_by(queue, worker.process.pid):
                     log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked", worker.name,
