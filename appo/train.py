@@ -180,8 +180,9 @@ def check_room(cfg: Config, info: EnvInfo) -> None:
     nbytes = weights_bytes_in_child((info.obs_space, info.action_space), cfg)
     acting = num_acting_ids(cfg)
     if acting * nbytes > shm_free:
-        raise ConfigError(f"/dev/shm is too small for this run: {acting} weights segments (one per policy and "
-                          f"self-play snapshot, {mb(nbytes)} each) need {mb(acting * nbytes)}, {shm_room()}")
+        raise ConfigError(f"/dev/shm is too small for this run: {acting} weights segment{'s' * (acting > 1)} (one "
+                          f"per policy and self-play snapshot, {mb(nbytes)} each) need {mb(acting * nbytes)}, "
+                          f"{shm_room()}")
     # Weights and Adam's two moments, plus the snapshot pool; --keep_checkpoints of them and the one being written.
     checkpoint = (3 + cfg.self_play_opponents) * nbytes + CHECKPOINT_OVERHEAD
     disk_need = cfg.num_policies * (cfg.keep_checkpoints + 1) * checkpoint

@@ -74,7 +74,7 @@ def test_a_run_the_shared_memory_cannot_hold_is_refused_before_it_starts(tmp_pat
     result = in_private_mount(f"mount -t tmpfs -o size=256k tmpfs /dev/shm && {sys.executable} -m appo.train "
                               f"--env=CartPole-v1 --experiment=shm --train_dir={tmp_path} --hidden_size=512", 50)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
-    assert re.fullmatch(r"error: /dev/shm is too small for this run: 1 weights segments \(one per policy and self-play "
+    assert re.fullmatch(r"error: /dev/shm is too small for this run: 1 weights segment \(one per policy and self-play "
                         r"snapshot, [\d.,]+ [KM]B each\) need [\d.,]+ [KM]B, /dev/shm has [\d.,]+ [KM]B free: "
                         r".*--shm-size.*", result.stderr.strip().splitlines()[-1]), result.stderr
     assert not (tmp_path / "shm").exists()
