@@ -6,6 +6,7 @@ The end-to-end tests give the trainer a tiny tmpfs as --train_dir or as /dev/shm
 
 import faulthandler
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -67,26 +68,29 @@ def test_a_disk_that_fails_mid_run_costs_checkpoints_not_the_run(tmp_path, troub
     assert f"resumed from {kept}" in second, second[-3000:]
 
 
+def refusal_at_start(mount_point: str, size: str, train_dir: pathlib.Path, *flags: str) -> str:
+    """The one line a run refused before it starts prints (exit code 2, its experiment dir not made), with a tmpfs
+    of `size` on `mount_point`."""
+    result = in_private_mount(f"mount -t tmpfs -o size={size} tmpfs {mount_point} && {sys.executable} -m appo.train "
+                              f"--env=CartPole-v1 --experiment=refused --train_dir={train_dir} {' '.join(flags)}", 50)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (train_dir / "refused").exists()
+    return result.stderr.strip().splitlines()[-1]
+
+
 @needs_private_tmpfs
 @pytest.mark.timeout(60)
 def test_a_run_the_shared_memory_cannot_hold_is_refused_before_it_starts(tmp_path):
-    # A 512-wide MLP's weights take about 1.1 MB; /dev/shm holds 256 KB.
-    result = in_private_mount(f"mount -t tmpfs -o size=256k tmpfs /dev/shm && {sys.executable} -m appo.train "
-                              f"--env=CartPole-v1 --experiment=shm --train_dir={tmp_path} --hidden_size=512", 50)
-    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    line = refusal_at_start("/dev/shm", "256k", tmp_path, "--hidden_size=512")  # 1.1 MB of weights
     assert re.fullmatch(r"error: /dev/shm is too small for this run: 1 weights segment \(one per policy and self-play "
                         r"snapshot, [\d.,]+ [KM]B each\) need [\d.,]+ [KM]B, /dev/shm has [\d.,]+ [KM]B free: "
-                        r".*--shm-size.*", result.stderr.strip().splitlines()[-1]), result.stderr
-    assert not (tmp_path / "shm").exists()
+                        r".*--shm-size.*", line), line
 
 
 @needs_private_tmpfs
 @pytest.mark.timeout(60)
 def test_a_train_dir_too_small_for_the_checkpoints_is_refused_before_it_starts(tmp_path):
-    result = in_private_mount(f"mount -t tmpfs -o size=100k tmpfs {tmp_path} && {sys.executable} -m appo.train "
-                              f"--env=CartPole-v1 --experiment=small --train_dir={tmp_path} --keep_checkpoints=5", 50)
-    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
-    line = result.stderr.strip().splitlines()[-1]
+    line = refusal_at_start(str(tmp_path), "100k", tmp_path, "--keep_checkpoints=5")
     assert re.fullmatch(rf"error: --train_dir={tmp_path}: --keep_checkpoints=5 for 1 policy needs about [\d.,]+ KB, "
                         r"[\d.,]+ KB free there; use another --train_dir or a lower --keep_checkpoints", line), line
 
