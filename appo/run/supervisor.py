@@ -81,7 +81,9 @@ class Supervisor:
     def __init__(self, report_queue, max_restarts: int):
         self.report_queue, self.max_restarts = report_queue, max_restarts
         self.workers: dict[str, Worker] = {}
-        self.oom_kills_seen = oom_kills()  # the cgroup's OOM-kill count when deaths were last looked at
+        # The cgroup's OOM-kill count, read about once a second while no worker is dead: a death that finds it
+        # higher was the OOM killer's.
+        self.oom_kills_seen, self.oom_checked_at = oom_kills(), time.monotonic()
 
     def add(self, name: str, module: str, role_class: str, args: Callable[[], tuple], cleanup: Callable[[], object],
             inbox) -> None:
@@ -139,7 +141,8 @@ class Supervisor:
                 cause = f"exited with code {code}"
             permanent = worker.fatal or code == EXIT_FATAL or (worker.error is not None and not worker.ready)
             found.append(Death(worker, cause, permanent))
-        self.oom_kills_seen = oom_kills()
+        if not found and time.monotonic() - self.oom_checked_at > 1.0:  # the count before the next death
+            self.oom_kills_seen, self.oom_checked_at = oom_kills(), time.monotonic()
         return found
 
     def replace_dead(self, queues: list[tuple[str, object]], drain_reports: Callable[[], None]) -> str | None:
