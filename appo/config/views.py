@@ -61,7 +61,21 @@ class ActorConfig(RoleView):
 
 
 @dataclass(frozen=True, kw_only=True)
-class InferenceConfig(RoleView):
+class ModelFlags(RoleView):
+    """The flags that build the model (appo/learning/model.py): every role that runs it reads them."""
+
+    encoder: str
+    hidden_size: int
+    mlp_layers: int
+    use_rnn: bool
+    rnn_type: str
+    actor_critic_share_weights: bool
+    normalize_input: bool
+    normalize_returns: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceConfig(ModelFlags):
     """What an inference worker reads: the policies and actors it serves, the model and where it runs
     (appo/sampling/inference_worker.py, appo/learning/model.py)."""
 
@@ -75,18 +89,10 @@ class InferenceConfig(RoleView):
     policy_workers_per_policy: int
     shared_inference_workers: bool
     self_play_opponents: int
-    encoder: str
-    hidden_size: int
-    mlp_layers: int
-    use_rnn: bool
-    rnn_type: str
-    actor_critic_share_weights: bool
-    normalize_input: bool
-    normalize_returns: bool
 
 
 @dataclass(frozen=True, kw_only=True)
-class LearnerConfig(RoleView):
+class LearnerConfig(ModelFlags):
     """What a learner reads besides its `Hyperparams`: the model, the batch, the PPO epochs and the loss terms PBT
     leaves alone, checkpoints and self-play snapshots (appo/learning/ except the evaluator)."""
 
@@ -98,15 +104,7 @@ class LearnerConfig(RoleView):
     num_policies: int
     sampler_only: bool
     train_for_env_steps: int
-    encoder: str
-    hidden_size: int
-    mlp_layers: int
-    use_rnn: bool
-    rnn_type: str
     recurrence: int
-    actor_critic_share_weights: bool
-    normalize_input: bool
-    normalize_returns: bool
     rollout: int
     batch_size: int
     num_batches_per_iteration: int
@@ -131,7 +129,7 @@ class LearnerConfig(RoleView):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvaluatorConfig(RoleView):
+class EvaluatorConfig(ModelFlags):
     """What the evaluator reads: its envs, the model, and what it plays and keeps (appo/learning/evaluator.py,
     appo/learning/model.py, appo/learning/trained_policy.py)."""
 
@@ -141,14 +139,6 @@ class EvaluatorConfig(RoleView):
     num_policies: int
     eval_episodes: int
     save_best_metric: str
-    encoder: str
-    hidden_size: int
-    mlp_layers: int
-    use_rnn: bool
-    rnn_type: str
-    actor_critic_share_weights: bool
-    normalize_input: bool
-    normalize_returns: bool
 
 
 @dataclass(frozen=True, kw_only=True)
