@@ -73,3 +73,28 @@ def test_pbt_replaces_and_mutates_and_survives_a_resume(trainer):
         first_after.setdefault(event["policy"], event)
     for p, event in first_after.items():
         assert event["hyperparams_before"] == saved[p]["hyperparams"]
+
+
+@pytest.mark.timeout(90)
+def test_pbt_ranks_a_zero_sum_game_by_elo(trainer):
+    """In the duel every return averages 0 whoever wins; ranked by Elo, PBT still tells the policies apart."""
+    result = trainer.run("--env=duel", "--experiment=elo", "--num_policies=2", "--with_pbt=True",
+                         "--pbt_target_objective=elo", "--pbt_period_env_steps=10000", "--pbt_start_mutation=0",
+                         "--stats_avg=10", "--report_interval=2", "--train_for_seconds=20", timeout=80)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "PBT objective: Elo (ratings below)" in result.stdout
+    decisions = history(os.path.join(trainer.train_dir, "elo"))
+    assert len(decisions) >= 4, result.stdout[-3000:]
+    for decision in decisions:  # every policy judged had played 10 rated games: its Elo, not a mean return near 0
+        judged = [value for value in decision["objectives"] if value is not None]
+        assert judged and all(500 < value < 1500 for value in judged), decision["objectives"]
+    assert any(len({round(v, 3) for v in d["objectives"] if v is not None}) > 1 for d in decisions)
+
+
+@pytest.mark.timeout(60)
+def test_the_elo_objective_needs_games_between_policies(trainer):
+    result = trainer.run("--env=CartPole-v1", "--experiment=elo1", "--num_policies=2", "--with_pbt=True",
+                         "--pbt_target_objective=elo", timeout=60)
+    assert result.returncode == 2
+    assert "--pbt_target_objective=elo ranks policies by the games they play against each other: " \
+           "--env=CartPole-v1 has one agent" in result.stderr

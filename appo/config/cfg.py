@@ -21,7 +21,16 @@ import sys
 from typing import Any
 
 from appo.config.checks import BUILT_IN_ENCODERS, ConfigError, env_kwargs, validate, validate_encoder
-from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, NO_BUDGET, RESTART_BEHAVIORS, Config, spec, value_type
+from appo.config.flags import (
+    COMMAND_LINE_ONLY,
+    ELO_OBJECTIVE,
+    FLAG_NAMES,
+    NO_BUDGET,
+    RESTART_BEHAVIORS,
+    Config,
+    spec,
+    value_type,
+)
 from utils.files import atomic_write_text
 
 __all__ = ["BUILT_IN_ENCODERS", "NO_BUDGET", "Config", "ConfigError", "OneLineParser", "build_parser", "env_kwargs",
@@ -137,6 +146,9 @@ def resolve(flags: Config | argparse.Namespace, num_agents: int = 1) -> Config:
     cfg = flags if isinstance(flags, Config) else Config(**flag_values(flags))
     splits = cfg.num_workers * cfg.worker_num_splits
     per_episode = cfg.self_play_opponents > 0 or cfg.policy_mapping is not None  # mappings drawn at episode starts
+    if cfg.with_pbt and cfg.pbt_target_objective == ELO_OBJECTIVE and num_agents < 2:
+        raise ConfigError(f"--pbt_target_objective={ELO_OBJECTIVE} ranks policies by the games they play against each "
+                          f"other: --env={cfg.env} has one agent; use an episode metric, e.g. true_objective")
     if cfg.self_play_opponents and num_agents < 2:
         raise ConfigError(f"--self_play_opponents={cfg.self_play_opponents}: --env={cfg.env} has one agent; self-play "
                           "needs a multi-agent env (num_agents >= 2)")

@@ -26,6 +26,7 @@ STOPPING = "stopping, checkpoints and reporting"
 EVALUATION = "evaluation during training"
 
 REQUIRED = object()  # the default of a flag that must be given (--env)
+ELO_OBJECTIVE = "elo"  # --pbt_target_objective that ranks by the ratings of games between policies
 NO_BUDGET = 10_000_000_000  # the default of --train_for_env_steps and --train_for_seconds: no budget, the run goes on
 
 
@@ -324,7 +325,10 @@ class Config:
                                      "What PBT ranks by, averaged over --stats_avg episodes: true_objective is the "
                                      "env's info['true_objective'] at an episode's end, or the episode return without "
                                      "it; any other name is a numeric value in the info of an episode's last step, or "
-                                     "in its info['episode_extra_stats']. Never the shaped reward.")
+                                     "in its info['episode_extra_stats']; elo is the policy's Elo rating from the "
+                                     "games between policies and their self-play snapshots (for zero-sum games, where "
+                                     "returns average 0), once it has played --stats_avg of them. Never the shaped "
+                                     "reward.")
     pbt_mix_policies_in_one_env: bool = flag(True, PBT,
                                              "Multi-agent envs: draw a policy per agent; False: one policy for all "
                                              "agents of an env.")

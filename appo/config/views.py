@@ -198,6 +198,7 @@ class RunnerConfig(RoleView):
     pbt_perturb_min: float
     pbt_perturb_max: float
     pbt_optimize_gamma: bool
+    pbt_target_objective: str
     max_grad_norm: float
 
 

@@ -88,6 +88,10 @@ class Ratings:
             record.return_sum += mine
             record.opponent_return_sum += theirs
 
+    def games_of(self, name: str) -> int:
+        """Rated games `name` has played, against anyone."""
+        return sum(record.games for record in self.pairs.get(name, {}).values())
+
     def against(self, name: str, snapshots: bool) -> PairRecord:
         """`name`'s matches summed over its opponents that are snapshots (True) or learning policies (False)."""
         total = PairRecord()

@@ -73,7 +73,7 @@ class Runner:
         self.reports.ratings = self.ratings
         self.supervisor = (SerialSupervisor if cfg.serial_mode else Supervisor)(self.ctx.queues.report,
                                                                                  cfg.max_worker_restarts)
-        self.pbt = PbtDriver(self.ctx, env, self.reports) if cfg.with_pbt else None
+        self.pbt = PbtDriver(self.ctx, env, self.reports, self.ratings) if cfg.with_pbt else None
         self.interrupted = False
 
     def start(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from appo.config.flags import ELO_OBJECTIVE
 from appo.config.topology import inference_shards
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class ReportingConfig:
     inference_processes: int  # inference shards x --policy_workers_per_policy
     stats_avg: int  # episodes in each policy's mean reward, length and objective
     show_objective: bool  # --with_pbt or --target_objective: the status shows each policy's objective
+    elo_objective: bool  # PBT ranks by Elo (--pbt_target_objective=elo): the ratings lines show it
     train_for_env_steps: int
     train_for_seconds: float
     benchmark: bool
@@ -39,6 +41,7 @@ class ReportingConfig:
             worker_num_splits=cfg.worker_num_splits,
             inference_processes=len(inference_shards(cfg)) * cfg.policy_workers_per_policy,
             stats_avg=cfg.stats_avg, show_objective=cfg.with_pbt or cfg.target_objective is not None,
+            elo_objective=cfg.pbt_target_objective == ELO_OBJECTIVE,
             train_for_env_steps=cfg.train_for_env_steps, train_for_seconds=cfg.train_for_seconds,
             benchmark=cfg.benchmark, benchmark_env_steps=cfg.benchmark_env_steps,
             benchmark_samples=cfg.benchmark_samples, sampler_only=cfg.sampler_only,

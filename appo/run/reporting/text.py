@@ -106,6 +106,8 @@ class StatusText:
 
     def _population_text(self) -> str:
         """The population's best and worst objective, over whatever episodes each policy has so far."""
+        if self.config.elo_objective:
+            return "PBT objective: Elo (ratings below)"
         means = {p: self.numbers.mean_objective(p) for p in range(self.config.num_policies)}
         means = {p: mean for p, mean in means.items() if mean is not None}
         if not means:
