@@ -7,9 +7,13 @@ An inference *shard* is a set of acting ids (policies and their self-play snapsh
 
 from __future__ import annotations
 
-from appo.config.flags import Config
-from appo.config.views import ActorConfig, InferenceConfig, LearnerConfig, RunnerConfig
+from typing import TYPE_CHECKING
+
 from appo.population.matchmaking import num_acting_ids, snapshot_ids
+
+if TYPE_CHECKING:
+    from appo.config.flags import Config
+    from appo.config.views import ActorConfig, InferenceConfig, LearnerConfig, RunnerConfig
 
 
 def inference_shards(cfg: Config | InferenceConfig | RunnerConfig) -> list[list[int]]:

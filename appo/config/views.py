@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from appo.config.flags import ELO_OBJECTIVE
+from appo.config.topology import inference_shards
+
 View = TypeVar("View", bound="RoleView")
 
 
@@ -200,6 +203,21 @@ class RunnerConfig(RoleView):
     pbt_optimize_gamma: bool
     pbt_target_objective: str
     max_grad_norm: float
+
+    @property
+    def inference_processes(self) -> int:
+        """Inference worker processes: --policy_workers_per_policy per inference shard."""
+        return len(inference_shards(self)) * self.policy_workers_per_policy
+
+    @property
+    def show_objective(self) -> bool:
+        """Whether the status shows each policy's objective (PBT ranks by it, or a target is set on it)."""
+        return self.with_pbt or self.target_objective is not None
+
+    @property
+    def elo_objective(self) -> bool:
+        """PBT ranks by Elo (--pbt_target_objective=elo): the ratings lines show the objective."""
+        return self.pbt_target_objective == ELO_OBJECTIVE
 
 
 ROLE_VIEWS = (ActorConfig, InferenceConfig, LearnerConfig, EvaluatorConfig, RunnerConfig)

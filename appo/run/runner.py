@@ -125,13 +125,17 @@ class Runner:
                 self.pbt.step()
             if self.ctx.queues.evaluator_inbox is not None:
                 self._request_evaluations()
-            if now - last_status >= cfg.report_interval:
-                reports.on_memory(self._memory_mb())
+            status_due = now - last_status >= cfg.report_interval
+            summary_due = now - last_summary >= cfg.experiment_summaries_interval
+            if status_due or summary_due:  # both show the memory: measured once for them
+                memory = self._memory_mb()
+                reports.on_memory(memory)
+            if status_due:
                 for line in reports.status_line().splitlines():  # one log line each: all fit 120 columns
                     log.info(line)
                 last_status = now
-            if now - last_summary >= cfg.experiment_summaries_interval:
-                reports.write_summaries(self._memory_mb())
+            if summary_due:
+                reports.write_summaries(memory)
                 if self.ratings is not None:
                     self.ratings.save(self.exp_dir)
                 last_summary = now

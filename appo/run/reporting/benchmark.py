@@ -7,7 +7,7 @@ from typing import Any
 
 import psutil
 
-from appo.run.reporting.config import ReportingConfig
+from appo.config.views import RunnerConfig
 from appo.run.reporting.formatting import si
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
@@ -20,18 +20,18 @@ TIME_SHARES = {
 }
 
 
-def benchmark_summary(tally: Tally, numbers: Numbers, config: ReportingConfig, env_name: str) -> dict[str, Any]:
+def benchmark_summary(tally: Tally, numbers: Numbers, cfg: RunnerConfig, env_name: str) -> dict[str, Any]:
     """Throughput, and where each component's time went, since every actor worker is sampling."""
     period = tally.period
     seconds, env_steps, samples = numbers.measured()
     measured = max(seconds, 1e-9)
     lag = period.lag
     summary = {
-        "env": env_name, "num_workers": config.num_workers, "num_envs_per_worker": config.num_envs_per_worker,
-        "worker_num_splits": config.worker_num_splits, "num_policies": config.num_policies,
-        "sampler_only": config.sampler_only, "device": tally.device, "cpu_count": os.cpu_count(),
-        "actor_niceness": config.actor_niceness, "actor_sched_batch": config.actor_sched_batch,
-        "processes": config.num_workers + config.inference_processes + config.num_policies + 1,  # + runner
+        "env": env_name, "num_workers": cfg.num_workers, "num_envs_per_worker": cfg.num_envs_per_worker,
+        "worker_num_splits": cfg.worker_num_splits, "num_policies": cfg.num_policies,
+        "sampler_only": cfg.sampler_only, "device": tally.device, "cpu_count": os.cpu_count(),
+        "actor_niceness": cfg.actor_niceness, "actor_sched_batch": cfg.actor_sched_batch,
+        "processes": cfg.num_workers + cfg.inference_processes + cfg.num_policies + 1,  # + runner
         "wall_seconds": numbers.elapsed(), "measured_seconds": measured,
         "env_steps": env_steps, "env_frames": env_steps * numbers.frames_per_step,
         "env_steps_per_s": env_steps / measured,

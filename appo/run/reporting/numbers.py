@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from appo.config.cfg import NO_BUDGET
-from appo.run.reporting.config import ReportingConfig
+from appo.config.views import RunnerConfig
 from appo.run.reporting.formatting import duration, si
 from appo.run.reporting.tally import Tally
 
@@ -20,10 +20,10 @@ class Numbers:
     period's counts. Owns only each policy's best full-window mean reward so far (and the episode count it was last
     checked at), which `track_best_rewards` updates. Writes nothing."""
 
-    def __init__(self, tally: Tally, config: ReportingConfig, frames_per_step: int) -> None:
-        self.tally, self.config, self.frames_per_step = tally, config, frames_per_step
-        self.best_rewards: list[float | None] = [None] * config.num_policies
-        self._best_checked_at = [0] * config.num_policies
+    def __init__(self, tally: Tally, cfg: RunnerConfig, frames_per_step: int) -> None:
+        self.tally, self.cfg, self.frames_per_step = tally, cfg, frames_per_step
+        self.best_rewards: list[float | None] = [None] * cfg.num_policies
+        self._best_checked_at = [0] * cfg.num_policies
 
     # ---------------------------------------------------------------- rates and progress
     def elapsed(self) -> float:
@@ -59,25 +59,25 @@ class Numbers:
         """Every budget set: (fraction done, the budget in words, seconds left or None). Step budgets estimate the
         time left from the rate of the last minute; --train_for_seconds counts this session, as the runner does;
         a benchmark counts from the moment every actor samples, as the runner does."""
-        config, budgets = self.config, []
+        cfg, budgets = self.cfg, []
 
         def steps_budget(done: float, budget: float, rate: float, what: str) -> None:
             eta = max(budget - done, 0) / rate if rate > 0 else None
             budgets.append((done / budget, f"{si(budget, trim=True)} {what}", eta))
 
-        if config.train_for_env_steps < NO_BUDGET:
-            steps_budget(self.tally.total_env_steps(), config.train_for_env_steps, self.env_step_rate(), "steps")
-        if config.train_for_seconds < NO_BUDGET:
+        if cfg.train_for_env_steps < NO_BUDGET:
+            steps_budget(self.tally.total_env_steps(), cfg.train_for_env_steps, self.env_step_rate(), "steps")
+        if cfg.train_for_seconds < NO_BUDGET:
             elapsed = self.elapsed()
-            budgets.append((elapsed / config.train_for_seconds, duration(config.train_for_seconds),
-                            max(config.train_for_seconds - elapsed, 0.0)))
-        if config.benchmark:
+            budgets.append((elapsed / cfg.train_for_seconds, duration(cfg.train_for_seconds),
+                            max(cfg.train_for_seconds - elapsed, 0.0)))
+        if cfg.benchmark:
             _, env_steps, samples = self.measured()
-            steps_budget(env_steps, config.benchmark_env_steps, self.tally.sampled_history.rate(60),
+            steps_budget(env_steps, cfg.benchmark_env_steps, self.tally.sampled_history.rate(60),
                          "benchmark steps")
-            if not config.sampler_only:
-                rate = sum(self.sample_throughput(p, 60) for p in range(config.num_policies))
-                steps_budget(samples, config.benchmark_samples, rate, "benchmark samples")
+            if not cfg.sampler_only:
+                rate = sum(self.sample_throughput(p, 60) for p in range(cfg.num_policies))
+                steps_budget(samples, cfg.benchmark_samples, rate, "benchmark samples")
         return budgets
 
     # ---------------------------------------------------------------- episodes
@@ -102,7 +102,7 @@ class Numbers:
         """Mean episode "reward" or "objective" over the last --stats_avg episodes; None until there are that many."""
         window = self.tally.policies[policy].episodes
         values = window.objectives if measure == "objective" else [reward for reward, _ in window.recent]
-        return float(np.mean(values)) if len(values) == self.config.stats_avg else None
+        return float(np.mean(values)) if len(values) == self.cfg.stats_avg else None
 
     def objective(self, policy: int) -> float | None:
         """What PBT ranks the policy by."""
@@ -110,7 +110,7 @@ class Numbers:
 
     def solved_policy(self, target: float, measure: str = "reward") -> tuple[int, float] | None:
         """A policy whose full-window mean reward (or objective) reaches target, with that mean."""
-        for policy in range(self.config.num_policies):
+        for policy in range(self.cfg.num_policies):
             mean = self.full_window_mean(policy, measure)
             if mean is not None and mean >= target:
                 return policy, mean
@@ -131,7 +131,7 @@ class Numbers:
         """Per policy with finished episodes: the mean reward and length over the last --stats_avg episodes, the
         number of episodes that mean is over and, when the env reports one, the mean objective."""
         stats = {}
-        for policy in range(self.config.num_policies):
+        for policy in range(self.cfg.num_policies):
             episode = self.mean_episode(policy)
             if episode is None:
                 continue

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from appo.config.views import RunnerConfig
 from appo.messages import ActorReport, ClusterReport, Evaluation, InferenceReport, LearnerReport
 from appo.run.reporting.benchmark import benchmark_summary
-from appo.run.reporting.config import ReportingConfig
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.summaries import SummaryWriters
 from appo.run.reporting.tally import Clock, Tally
@@ -19,7 +19,6 @@ from appo.run.reporting.text import StatusText
 
 if TYPE_CHECKING:
     from appo.config.flags import Config
-    from appo.config.views import RunnerConfig
 
 
 class Reports:
@@ -30,11 +29,11 @@ class Reports:
 
     def __init__(self, cfg: Config | RunnerConfig, exp_dir: str, initial_env_steps: Sequence[int],
                  frames_per_step: int = 1, clock: Clock = time.monotonic) -> None:
-        self.config = ReportingConfig.from_cfg(cfg)
-        self.tally = Tally(self.config, initial_env_steps, clock)
-        self.numbers = Numbers(self.tally, self.config, frames_per_step)
-        self.text = StatusText(self.tally, self.numbers, self.config)
-        self.summaries = SummaryWriters(self.tally, self.numbers, self.config, exp_dir)
+        self.cfg = RunnerConfig.of(cfg)
+        self.tally = Tally(self.cfg, initial_env_steps, clock)
+        self.numbers = Numbers(self.tally, self.cfg, frames_per_step)
+        self.text = StatusText(self.tally, self.numbers, self.cfg)
+        self.summaries = SummaryWriters(self.tally, self.numbers, self.cfg, exp_dir)
 
     # ---------------------------------------------------------------- intake
     def on_actor(self, report: ActorReport) -> None:
@@ -148,7 +147,7 @@ class Reports:
         self.summaries.write_pbt(policy)
 
     def benchmark_summary(self, env_name: str) -> dict[str, Any]:
-        return benchmark_summary(self.tally, self.numbers, self.config, env_name)
+        return benchmark_summary(self.tally, self.numbers, self.cfg, env_name)
 
     def close(self) -> None:
         self.summaries.close()

@@ -9,8 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from appo.config.views import RunnerConfig
 from appo.messages import Evaluation
-from appo.run.reporting.config import ReportingConfig
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
 from utils.logs import log
@@ -39,8 +39,8 @@ class SummaryWriters:
     made on first use: the runner builds them before it forks the workers, and tensorboardX imports torch, which
     actor workers must not inherit. Owns the writers; reads everything else."""
 
-    def __init__(self, tally: Tally, numbers: Numbers, config: ReportingConfig, exp_dir: str) -> None:
-        self.tally, self.numbers, self.config, self.exp_dir = tally, numbers, config, exp_dir
+    def __init__(self, tally: Tally, numbers: Numbers, cfg: RunnerConfig, exp_dir: str) -> None:
+        self.tally, self.numbers, self.cfg, self.exp_dir = tally, numbers, cfg, exp_dir
         self._writers: list | None = None
         self.failed = False  # a write failed: no more summaries this run
 
@@ -50,7 +50,7 @@ class SummaryWriters:
             from tensorboardX import SummaryWriter
 
             self._writers = [SummaryWriter(os.path.join(self.exp_dir, "summaries", str(p)), flush_secs=10)
-                             for p in range(self.config.num_policies)]
+                             for p in range(self.cfg.num_policies)]
             self._catch_background_failures()
         return self._writers
 

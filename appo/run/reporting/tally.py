@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import psutil
 
+from appo.config.views import RunnerConfig
 from appo.messages import ActorReport, ClusterReport, EpisodeEnd, Evaluation, InferenceReport, LearnerReport
-from appo.run.reporting.config import ReportingConfig
 from utils.resources import memory_limit_bytes
 
 Clock = Callable[[], float]
@@ -199,11 +199,11 @@ class Tally:
     counts over time, the faults survived, the measured period, the cluster traffic, each worker's last state, and
     what the runner sets: `restarts`, `hyperparams`, `ratings`. Writes nothing."""
 
-    def __init__(self, config: ReportingConfig, initial_env_steps: Sequence[int], clock: Clock) -> None:
-        self.config, self.clock = config, clock
+    def __init__(self, cfg: RunnerConfig, initial_env_steps: Sequence[int], clock: Clock) -> None:
+        self.cfg, self.clock = cfg, clock
         self.start = clock()
         self.env_steps = list(initial_env_steps)
-        self.policies = [PolicyTally(EpisodeWindow(config.stats_avg), CountHistory(clock, self.start, 0))
+        self.policies = [PolicyTally(EpisodeWindow(cfg.stats_avg), CountHistory(clock, self.start, 0))
                          for _ in initial_env_steps]
         self.sampled_env_steps = 0  # this session, all policies, from the actors' reports
         self.sampled_history = CountHistory(clock, self.start, 0)
@@ -214,7 +214,7 @@ class Tally:
         self.restarts: dict[str, int] = {}
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
         self.ratings = None  # appo.population.ratings.Ratings, set by the runner when games have several players
-        self.period = MeasuredPeriod(config.num_workers, clock)
+        self.period = MeasuredPeriod(cfg.num_workers, clock)
         self.cluster = ClusterTraffic()
         self.device = "?"
         self.states: dict[str, tuple[str, float]] = {}  # each worker's last reported state and when, for stalls

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from appo.run.reporting.config import ReportingConfig
+from appo.config.views import RunnerConfig
 from appo.run.reporting.formatting import duration, fit, si
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import RATE_WINDOWS, Tally
@@ -15,13 +15,13 @@ class StatusText:
     checkpoint. Every line at most LINE_WIDTH characters (a long one goes on, indented, on the next), except a
     checkpoint's path. Reads a Tally and its Numbers; writes nothing."""
 
-    def __init__(self, tally: Tally, numbers: Numbers, config: ReportingConfig) -> None:
-        self.tally, self.numbers, self.config = tally, numbers, config
+    def __init__(self, tally: Tally, numbers: Numbers, cfg: RunnerConfig) -> None:
+        self.tally, self.numbers, self.cfg = tally, numbers, cfg
 
     def status(self) -> str:
         tally = self.tally
         lines = self._progress_lines()
-        for p in range(self.config.num_policies):
+        for p in range(self.cfg.num_policies):
             lines += self._policy_lines(p)
         lines += self._fault_lines()
         if tally.cluster.report is not None:
@@ -29,7 +29,7 @@ class StatusText:
         if tally.hyperparams is not None:
             lines += fit([self._population_text()], indent="  ")
         if tally.ratings is not None:
-            for parts in tally.ratings.status_pieces(self.config.num_policies):  # a line (or two) per policy
+            for parts in tally.ratings.status_pieces(self.cfg.num_policies):  # a line (or two) per policy
                 lines += fit([f"ratings: {parts[0]}", *parts[1:]], indent="  ")
         return "\n".join(lines)
 
@@ -60,7 +60,7 @@ class StatusText:
         else:
             pieces.append(", no finished episode yet")
         objective = numbers.mean_objective(p)
-        if self.config.show_objective and objective is not None:
+        if self.cfg.show_objective and objective is not None:
             pieces.append(f", objective {objective:.3f}")
         pieces.append(f", {si(numbers.sample_throughput(p))} samples/s")
         stats = policy.stats
@@ -106,9 +106,9 @@ class StatusText:
 
     def _population_text(self) -> str:
         """The population's best and worst objective, over whatever episodes each policy has so far."""
-        if self.config.elo_objective:
+        if self.cfg.elo_objective:
             return "PBT objective: Elo (ratings below)"
-        means = {p: self.numbers.mean_objective(p) for p in range(self.config.num_policies)}
+        means = {p: self.numbers.mean_objective(p) for p in range(self.cfg.num_policies)}
         means = {p: mean for p, mean in means.items() if mean is not None}
         if not means:
             return "PBT objective: no episodes yet"
@@ -123,7 +123,7 @@ class StatusText:
         memory = f", memory peak {self._memory(self.tally.peak_memory_mb)}" if self.tally.peak_memory_mb else ""
         lines = [f"Summary: {took}, {self.tally.total_env_steps()} env steps{memory}"]
         stats = self.numbers.final_stats()
-        for p in range(self.config.num_policies):
+        for p in range(self.cfg.num_policies):
             if p in stats:
                 best = self.numbers.best_rewards[p]
                 lines += fit([f"p{p}: final reward {stats[p]['reward']:.2f}",
