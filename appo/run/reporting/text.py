@@ -120,8 +120,7 @@ class StatusText:
         the best full-window mean reward of this session and the newest checkpoint; one line each."""
         seconds = self.numbers.elapsed()
         took = f"{seconds:.1f} s" + (f" ({duration(seconds)})" if seconds >= 60 else "")
-        memory = f", memory peak {self._memory(self.tally.peak_memory_mb)}" if self.tally.peak_memory_mb else ""
-        lines = [f"Summary: {took}, {self.tally.total_env_steps()} env steps{memory}"]
+        lines = [f"Summary: {took}, {self.tally.total_env_steps()} env steps"]
         stats = self.numbers.final_stats()
         for p in range(self.cfg.num_policies):
             if p in stats:
@@ -133,4 +132,6 @@ class StatusText:
                 lines.append(f"  p{p}: no finished episode")
             # The one line that may pass LINE_WIDTH: only by the length of the checkpoint's path, left whole.
             lines.append(f"  p{p} checkpoint: {checkpoints[p] or 'none'}")
+        if self.tally.peak_memory_mb:
+            lines.append(f"  memory: peak {self._memory(self.tally.peak_memory_mb)}")
         return "\n".join(lines)
