@@ -1,5 +1,6 @@
 """Environment creation shared by the runner (to read spaces) and actor workers (to step envs)."""
 
+from envs.catch import CatchEnv
 from envs.duel import make_duel_env
 from envs.multi_agent import make_multi_agent_env
 from envs.partially_observed import make_masked_cartpole
@@ -13,5 +14,6 @@ register_env("coop_multi_agent", make_multi_agent_env)
 register_env("mountain_car_shaped", make_shaped_mountain_car)
 register_env("duel", make_duel_env)
 register_env("cartpole_masked", make_masked_cartpole)
+register_env("catch", CatchEnv)
 
 __all__ = ["EnvError", "EnvInfo", "env_info", "make_env", "register_env"]

@@ -27,7 +27,9 @@ def test_vector_observations_and_cheap_steps_keep_the_defaults():
     cfg, defaults = cfg_of(), cfg_of()
     cfg, lines = auto.apply(cfg, set(), info(VECTOR))
     assert cfg == defaults
-    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
+    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)",
+                     "auto: up to 4 passes per iteration, fewer while the sampler has the next iteration's "
+                     "trajectories in (--adaptive_epochs; the status line shows them)"]
 
 
 def test_images_train_each_sample_once_unless_told_otherwise():
@@ -39,6 +41,16 @@ def test_images_train_each_sample_once_unless_told_otherwise():
             assert getattr(cfg, name) == value
     assert any("--gamma=0.99" in line and "--ppo_epochs" not in line and "image observations" in line for line in lines)
     assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
+
+
+def test_given_epochs_are_trained_every_iteration():
+    assert cfg_of().adaptive_epochs
+    cfg, lines = auto.apply(cfg_of("--ppo_epochs=2"), {"ppo_epochs"}, info(VECTOR))
+    assert (cfg.ppo_epochs, cfg.adaptive_epochs) == (2, False)
+    assert "auto: --adaptive_epochs=False (--ppo_epochs given: every iteration trains that many passes)" in lines
+    flags = ("--ppo_epochs=2", "--adaptive_epochs=True")
+    cfg, lines = auto.apply(cfg_of(*flags), {"ppo_epochs", "adaptive_epochs"}, info(VECTOR))
+    assert cfg.adaptive_epochs and not any("--adaptive_epochs=False" in line for line in lines)
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -67,7 +79,8 @@ def test_continuous_actions_drop_the_entropy_bonus(action, bonus):
 
 
 def test_a_given_encoder_is_not_announced():
-    assert auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR))[1] == []
+    lines = auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR))[1]
+    assert not any("encoder" in line for line in lines)
 
 
 @pytest.mark.parametrize("workers,inference_workers,expected", [(2, 1, 32), (1, 1, 32), (4, 1, 16), (8, 2, 16),
@@ -84,7 +97,9 @@ def test_costly_env_steps_size_the_inference_batch(workers, inference_workers, e
 def test_given_envs_per_worker_win_over_the_step_cost():
     cfg, lines = auto.apply(cfg_of("--num_envs_per_worker=6", "--actor_niceness=0"),
                             {"num_envs_per_worker", "actor_niceness"}, info(VECTOR, step_seconds=5e-4))
-    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
+    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)",
+                     "auto: up to 4 passes per iteration, fewer while the sampler has the next iteration's "
+                     "trajectories in (--adaptive_epochs; the status line shows them)"]
     assert (cfg.num_envs_per_worker, cfg.actor_niceness) == (6, 0)
 
 

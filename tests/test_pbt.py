@@ -5,15 +5,17 @@ import dataclasses
 import json
 import os
 import random
+import statistics
 
 import pytest
 import torch
 
-from appo.config.cfg import make_config
+from appo.config.cfg import make_config, parse_config
 from appo.config.hyperparams import Hyperparams
 from appo.learning.checkpoint import latest_checkpoint, parse_name
-from appo.messages import AdoptWeights, ExportWeights, SetHyperparams
+from appo.messages import ActorReport, AdoptWeights, EpisodeEnd, ExportWeights, SetHyperparams
 from appo.population import pbt
+from appo.run.reporting import Reports
 
 
 def settings(**overrides) -> pbt.Settings:
@@ -43,11 +45,11 @@ def test_gap_rule_for_negative_and_mixed_returns():
         assert not pbt.replacement_gap_met(best, worst, relative=0.1, absolute=0.0)
 
 
-def test_only_bottom_policies_are_replaced_and_only_by_top_ones():
+def test_only_bottom_policies_are_replaced_and_only_by_top_ones_and_the_middle_keeps():
     objectives = [10.0, 400.0, 200.0, 30.0, 300.0]  # ranking 1, 4, 2, 3, 0; k = 2
     events = pbt.decide([5000] * 5, objectives, members(5), settings(), random.Random(0))
     kinds = {e.policy: e.kind for e in events}
-    assert kinds == {1: "keep", 4: "keep", 2: "mutate", 3: "replace", 0: "replace"}
+    assert kinds == {1: "keep", 4: "keep", 2: "keep", 3: "replace", 0: "replace"}
     for event in events:
         if event.kind == "replace":
             assert event.donor in (1, 4)
@@ -59,7 +61,7 @@ def test_negative_returns_rank_by_value_not_magnitude():
     by_policy = {e.policy: e for e in events}
     assert by_policy[1].kind == "keep"
     assert by_policy[0].kind == "replace" and by_policy[0].donor == 1
-    assert by_policy[2].kind == "mutate"
+    assert by_policy[2].kind == "keep"  # the middle
 
 
 def test_no_replacement_when_the_gap_is_small():
@@ -82,7 +84,7 @@ def test_how_many_policies_are_replaced(n, expected):
     objectives = [float(100 * (p + 1)) for p in range(n)]  # all far apart
     events = pbt.decide([5000] * n, objectives, members(n), settings(), random.Random(1))
     assert sum(e.kind == "replace" for e in events) == expected
-    assert sum(e.kind == "keep" for e in events) == expected
+    assert sum(e.kind == "keep" for e in events) == n - expected  # the top and the middle
     assert {e.policy for e in events if e.kind == "replace"} == set(range(expected))  # the lowest objectives
 
 
@@ -104,9 +106,36 @@ def test_apply_copies_the_donors_values_then_explores():
     events = pbt.decide([5000, 5000], [0.0, 50.0], population, settings(mutation_rate=0.0), random.Random(0))
     replace = next(e for e in events if e.kind == "replace")
     pbt.apply(population, replace)
-    assert population[0].hyperparams == population[1].hyperparams  # no mutation at rate 0
+    donor = {**population[1].hyperparams, **population[1].shaping}
+    receiver = {**population[0].hyperparams, **population[0].shaping}
+    assert sum(receiver[k] != donor[k] for k in donor) == 1  # the donor's values, but for the one explore moved
     assert population[0].replacements == 1 and population[0].last_decision_env_steps == 5000
     assert "takes over policy 1" in replace.describe()
+
+
+def test_a_flat_bottom_explores_from_its_own_values():
+    population = members(4)
+    for p, member in enumerate(population):
+        member.hyperparams["learning_rate"] = 1e-3 * (p + 1)
+    events = pbt.decide([5000] * 4, [10.0, 10.0, 10.0, 10.0], population, settings(), random.Random(0))
+    mutated = [e for e in events if e.kind == "mutate"]
+    assert len(mutated) == 2 and not any(e.kind == "replace" for e in events)  # nobody ahead; the bottom still moves
+    for event in mutated:
+        assert event.hyperparams_before == population[event.policy].hyperparams
+        assert event.hyperparams_after != event.hyperparams_before
+
+
+def test_a_lead_within_the_noise_replaces_nobody():
+    assert pbt.difference_error([3.0, None, 4.0]) == pytest.approx(5.0)
+    assert pbt.difference_error([None, None]) == 0.0
+    assert pbt.replacement_gap_met(100.0, 80.0, 0.1, 0.0, standard_error=9.0)  # 20 > 2 * 9
+    assert not pbt.replacement_gap_met(100.0, 80.0, 0.1, 0.0, standard_error=11.0)
+    objectives = [100.0, 80.0]
+    cases = [([15.0, 15.0], "mutate"), ([1.0, 1.0], "replace"), ([None, None], "replace"), (None, "replace"),
+             ([None, 9.0], "replace"), ([None, 11.0], "mutate")]  # the gap is 20: replaced when 2 se are below it
+    for errors, kind in cases:
+        events = pbt.decide([5000] * 2, objectives, members(2), settings(), random.Random(0), errors)
+        assert next(e.kind for e in events if e.policy == 1) == kind, errors
 
 
 # ---------------------------------------------------------------- mutation
@@ -151,6 +180,83 @@ def test_mutation_rate_is_the_chance_of_each_value_moving():
     assert 0.25 < moved < 0.35
 
 
+def test_an_explore_always_moves_one_value_chosen_uniformly():
+    rng = random.Random(0)
+    values = {f"v{i}": 1.0 for i in range(4)}
+    counts = dict.fromkeys(values, 0)
+    for _ in range(4000):
+        explored = pbt.explore(values, {}, rng, settings(mutation_rate=0.0), pbt.SHAPING_BOUNDS)
+        moved = [k for k in values if explored[k] != 1.0]
+        assert len(moved) == 1
+        counts[moved[0]] += 1
+    assert all(900 < c < 1100 for c in counts.values())
+    assert pbt.explore({}, {}, rng, settings(mutation_rate=0.0)) == {}
+
+
+def test_one_explore_covers_hyperparameters_and_shaping_together():
+    rng = random.Random(0)
+    member = pbt.Member({"learning_rate": 1e-3, "gae_lambda": 0.95}, {"bonus": 1.0})
+    moved_shaping = 0
+    for _ in range(600):
+        hyperparams, shaping = pbt.explore_member(member, settings(mutation_rate=0.0), rng)
+        before, after = {**member.hyperparams, **member.shaping}, {**hyperparams, **shaping}
+        assert set(after) == set(before) and sum(after[k] != before[k] for k in before) == 1
+        moved_shaping += shaping["bonus"] != 1.0
+    assert 150 < moved_shaping < 250  # one value in three
+
+
+def test_every_hyperparameter_has_a_prior_within_its_hard_bounds():
+    for name, b in pbt.MUTABLE.items():
+        assert b.prior is not None and b.low <= b.prior[0] < b.prior[1] <= b.high, name
+    # Hard bounds where a member stops learning (issue 26).
+    assert pbt.MUTABLE["gae_lambda"].low == 0.8
+    assert (pbt.MUTABLE["ppo_clip_ratio"].low, pbt.MUTABLE["ppo_clip_ratio"].high) == (0.02, 0.5)
+
+
+def test_priors_are_drawn_log_uniformly_and_on_one_minus_x_for_discounts():
+    rng = random.Random(0)
+    lr = [pbt.draw_from_prior(pbt.MUTABLE["learning_rate"], rng) for _ in range(4000)]
+    assert all(1e-4 <= v <= 3e-3 for v in lr)
+    assert 0.45 < sum(v < (1e-4 * 3e-3) ** 0.5 for v in lr) / len(lr) < 0.55  # half below the geometric middle
+    lam = [pbt.draw_from_prior(pbt.MUTABLE["gae_lambda"], rng) for _ in range(4000)]
+    assert all(0.9 <= v <= 0.99 for v in lam)
+    assert 0.45 < sum(1 - v < (0.1 * 0.01) ** 0.5 for v in lam) / len(lam) < 0.55
+    signed = [pbt.draw_from_prior(pbt.shaping_bounds({"s": (-1.0, 1.0)})["s"], rng) for _ in range(4000)]
+    assert all(-1 <= v <= 1 for v in signed) and 0.45 < sum(v < 0 for v in signed) / len(signed) < 0.55
+
+
+def test_a_chosen_value_is_resampled_with_the_resample_probability():
+    rng = random.Random(0)
+    far_off = {"learning_rate": 1e-6}  # 100x below the prior: a perturbation stays below 2e-6
+    s = settings(mutation_rate=1.0, resample_probability=0.25)
+    drawn = [pbt.explore(far_off, pbt.MUTABLE, rng, s)["learning_rate"] for _ in range(4000)]
+    resampled = [v for v in drawn if v >= 1e-4]
+    assert 0.22 < len(resampled) / len(drawn) < 0.28 and all(v <= 3e-3 for v in resampled)
+    assert all(1e-6 / 2.0 - 1e-15 <= v <= 1e-6 * 2.0 + 1e-15 for v in drawn if v < 1e-4)  # the rest perturbed
+    never = settings(mutation_rate=1.0, resample_probability=0.0)
+    assert all(pbt.explore(far_off, pbt.MUTABLE, rng, never)["learning_rate"] < 1e-4 for _ in range(500))
+
+
+def test_shaping_is_resampled_only_within_a_declared_range():
+    rng = random.Random(0)
+    always = settings(mutation_rate=1.0, resample_probability=1.0)
+    for _ in range(300):  # no declared range: perturbed only
+        ratio = pbt.explore({"bonus": 5.0}, {}, rng, always, pbt.SHAPING_BOUNDS)["bonus"] / 5.0
+        assert 1.2 - 1e-9 <= max(ratio, 1 / ratio) <= 2.0 + 1e-9
+    declared = pbt.shaping_bounds({"bonus": (0.1, 10.0)})
+    drawn = [pbt.explore({"bonus": 5.0}, declared, rng, always)["bonus"] for _ in range(2000)]
+    assert all(0.1 <= v <= 10.0 for v in drawn) and 0.45 < sum(v < 1.0 for v in drawn) / len(drawn) < 0.55
+
+
+def test_hard_bounds_hold_whatever_the_start_and_the_move():
+    rng = random.Random(0)
+    s = settings(mutation_rate=1.0, resample_probability=0.3, perturb_min=1.5, perturb_max=4.0)
+    values = {"gae_lambda": 0.5, "ppo_clip_ratio": 0.01}  # a start outside the bounds is brought inside
+    for _ in range(500):
+        values = pbt.explore(values, pbt.MUTABLE, rng, s)
+        assert 0.8 <= values["gae_lambda"] <= 1.0 and 0.02 <= values["ppo_clip_ratio"] <= 0.5
+
+
 def test_pbt_mutates_exactly_the_fields_of_hyperparams():
     assert tuple(pbt.MUTABLE) == Hyperparams.names()
 
@@ -166,11 +272,31 @@ def test_hyperparams_start_from_the_flags_and_change_only_by_copy():
         flags.updated({"rollout": 8})
 
 
-def test_gamma_is_mutated_only_when_asked_and_grad_norm_only_when_clipping():
+def test_gamma_is_mutated_only_when_asked_and_a_zero_that_is_a_choice_is_left_alone():
     cfg = make_config(env="CartPole-v1")
-    assert "gamma" not in pbt.mutable_names(cfg) and "max_grad_norm" in pbt.mutable_names(cfg)
-    cfg = dataclasses.replace(cfg, pbt_optimize_gamma=True, max_grad_norm=0.0)
-    assert "gamma" in pbt.mutable_names(cfg) and "max_grad_norm" not in pbt.mutable_names(cfg)
+    names = pbt.mutable_names(cfg)
+    assert "gamma" not in names and "max_grad_norm" in names and "exploration_loss_coeff" in names
+    cfg = dataclasses.replace(cfg, pbt_optimize_gamma=True, max_grad_norm=0.0, exploration_loss_coeff=0.0)
+    names = pbt.mutable_names(cfg)
+    assert "gamma" in names and "max_grad_norm" not in names and "exploration_loss_coeff" not in names
+
+
+def test_the_objectives_standard_error_is_over_the_full_window(tmp_path):
+    cfg = parse_config(["--env=CartPole-v1", "--num_policies=1", "--stats_avg=4"])
+    reports = Reports(cfg, str(tmp_path), [0])
+
+    def episodes(objectives: list[float]) -> ActorReport:
+        return ActorReport(worker=0, env_steps=0, episodes=[EpisodeEnd(0, 0.0, 10, o, {}) for o in objectives],
+                           games=[], timing={}, env_errors=0, nonfinite=0, state="stepping")
+
+    reports.on_actor(episodes([1.0, 2.0, 3.0]))
+    assert reports.objective_error(0) is None  # no full window yet
+    reports.on_actor(episodes([100.0, 2.0, 4.0, 6.0, 8.0]))  # the window: 2, 4, 6, 8
+    assert reports.objective(0) == 5.0
+    assert reports.objective_error(0) == pytest.approx(statistics.stdev([2, 4, 6, 8]) / 2)
+    one = Reports(parse_config(["--env=CartPole-v1", "--num_policies=1", "--stats_avg=1"]), str(tmp_path), [0])
+    one.on_actor(episodes([3.0]))
+    assert one.objective(0) == 3.0 and one.objective_error(0) is None  # one episode: no spread to measure
 
 
 # ---------------------------------------------------------------- persistence
@@ -186,7 +312,7 @@ def test_population_round_trip_and_history(tmp_path):
     pbt.save_population(exp_dir, population)
 
     cfg = dataclasses.replace(cfg, pbt_optimize_gamma=True)  # a value the saved file lacks comes from the flags
-    restored = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1}, {"bonus": pbt.Bounds(0.1, 10, 0.1)},
+    restored = pbt.restore_population(exp_dir, cfg, {"bonus": 0.1}, pbt.shaping_bounds({"bonus": (0.1, 10)}),
                                       random.Random(0))  # a saved population is not spread again
     for saved, loaded in zip(population, restored):
         assert {k: v for k, v in loaded.hyperparams.items() if k != "gamma"} == saved.hyperparams

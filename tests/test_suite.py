@@ -1,12 +1,17 @@
-"""The benchmark suite script on one short task: it trains, then writes its Markdown table and its PNG."""
+"""The benchmark suite script on one short task: it trains, then writes its Markdown table and its PNG; the PBT
+benchmark's pure parts: its table from records, resuming, its starts' flags."""
 
+import json
 import re
 import subprocess
 import sys
 
 import pytest
 
+from appo.config.auto import IMAGE_LEARNING
+from appo.config.flags import Config
 from tests.conftest import REPO, shm_entries
+from tests.test_reporting import module
 
 
 @pytest.mark.timeout(150)
@@ -33,3 +38,54 @@ def test_suite_runs_one_short_task(tmp_path):
     assert cells[7] != "-" and float(cells[7]) > 50.0  # a final mean return well above random play (about 22)
     assert (out / "suite.png").stat().st_size > 5_000
     assert shm_entries() - before == set()
+
+
+def pbt_record(start: str, arm: str, seed: int, solved_s: float | None, best: float) -> dict:
+    return {"task": "cartpole", "start": start, "arm": arm, "seed": seed, "budget_s": 180.0, "threshold": 475,
+            "solved_s": solved_s, "env_steps": 1000, "final_best": best, "final_mean": best - 10}
+
+
+def test_pbt_suite_table_counts_solved_runs_and_takes_medians():
+    pbt_suite = module("pbt_suite")
+    records = [pbt_record("lr_low", "pbt", 2, None, 300.0), pbt_record("lr_low", "pbt", 0, 90.0, 480.0),
+               pbt_record("lr_low", "pbt", 1, 70.0, 490.0), pbt_record("lr_low", "single", 0, None, 20.0),
+               pbt_record("lr_low", "single", 1, None, 30.0), pbt_record("lr_low", "single", 2, 150.0, 476.0),
+               pbt_record("default", "single", 0, 12.0, 500.0)]
+    rows = pbt_suite.table(records).splitlines()
+    assert rows[0] == "| task | start | threshold | budget | single | population | pbt |"
+    # the benchmark's order of starts, whatever the records' order; an arm with no runs is "-"
+    assert rows[2] == "| cartpole | default | 475 | 180 s | 1 of 1, 12.0 s, best 500.0 | - | - |"
+    # 2 of 3 solved: the median run is the slower solved one; 1 of 3: the median run did not solve
+    assert rows[3] == ("| cartpole | lr_low | 475 | 180 s | 1 of 3, > 180 s, best 30.0 | - | "
+                       "2 of 3, 90.0 s, best 480.0 |")
+    assert len(rows) == 4
+
+
+def test_pbt_suite_resume_skips_recorded_runs_and_reports(tmp_path):
+    pbt_suite = module("pbt_suite")
+    plan = [("cartpole", "default", arm, seed) for arm in ("single", "pbt") for seed in (0, 1)]
+    records = [pbt_record("default", "pbt", 0, 30.0, 480.0), pbt_record("lr_low", "single", 1, 40.0, 480.0)]
+    assert pbt_suite.pending(plan, records) == [plan[0], plan[1], plan[3]]
+    # every planned run recorded: --resume trains nothing and writes the report; without it, the file is refused
+    (tmp_path / "pbt_suite.jsonl").write_text("".join(json.dumps(pbt_record("default", "single", seed, 20.0, 490.0))
+                                                     + "\n" for seed in (0, 1)))
+    command = [sys.executable, "scripts/pbt_suite.py", "--tasks", "cartpole", "--starts", "default", "--arms",
+               "single", "--seeds", "2", "--out", str(tmp_path), "--train_dir", str(tmp_path / "runs")]
+    resumed = subprocess.run([*command, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "0 of 2 runs to go" in resumed.stdout and not (tmp_path / "runs").exists()
+    assert "| cartpole | default | 475 | 180 s | 2 of 2, 20.0 s, best 490.0 | - | - |" in \
+        (tmp_path / "pbt_suite.md").read_text()
+    assert (tmp_path / "pbt_suite.png").stat().st_size > 5_000
+    refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--resume to go on" in refused.stderr
+
+
+def test_pbt_suite_lowers_each_tasks_own_default_learning_rate():
+    pbt_suite = module("pbt_suite")
+    assert pbt_suite.start_flags("lr_low", "CartPole-v1") == [f"--learning_rate={Config.learning_rate / 100:g}"]
+    image_rate = IMAGE_LEARNING["learning_rate"] / 100
+    assert image_rate != Config.learning_rate / 100  # else this would not tell the two defaults apart
+    assert pbt_suite.start_flags("lr_low", "catch") == [f"--learning_rate={image_rate:g}"]
+    assert pbt_suite.start_flags("lambda_low", "catch") == ["--gae_lambda=0.5"]
+    assert pbt_suite.start_flags("default", "catch") == []

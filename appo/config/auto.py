@@ -11,6 +11,7 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   --batch_size, at a lower learning rate and with Atari's usual discount and exploration (IMAGE_LEARNING).
 - Continuous actions only (every part a Box): no entropy bonus (CONTINUOUS_LEARNING). The Gaussian's learned std
   does the exploring, and a bonus on it keeps the std wide, so returns plateau (images included).
+- `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
 - Images on a CPU with native bfloat16 (AVX512-BF16, AMX): `--learner_bf16=True --inference_bf16=True`, the
   CNN's SGD and forward passes under bfloat16 autocast.
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
@@ -55,6 +56,8 @@ def flag_help(name: str) -> str:
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker) per split, within {list(ENVS_PER_SPLIT)}")
+    if name == "adaptive_epochs":
+        rules.append("False when --ppo_epochs is given")
     if name in ("learner_bf16", "inference_bf16"):
         rules.append("True for image observations on a CPU with native bfloat16 (avx512_bf16 or amx_bf16)")
     if name == "actor_niceness":
@@ -104,9 +107,13 @@ def sampler_sizing(cfg: Config, step_seconds: float) -> Choice | None:
                   f"from {actors} per inference worker, and inference runs before the actors")
 
 
-def choices(cfg: Config, info: EnvInfo) -> list[Choice]:
-    """Every rule that applies to this env, with the values it would set (given flags not yet removed)."""
+def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[Choice]:
+    """Every rule that applies to this env and these given flags (names), with the values it would set (given flags
+    not yet removed)."""
     found = []
+    if "ppo_epochs" in given:
+        found.append(Choice({"adaptive_epochs": False}, "--ppo_epochs given: every iteration trains that many passes"))
+
     if cfg.encoder == "auto":
         for key, space in obs_spaces(info.obs_space).items():
             name, why = auto_encoder(space)
@@ -132,10 +139,14 @@ def apply(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, list[str
     """`cfg` with the values the rules choose for flags not in `given` (flag names), and the "auto:" lines to
     log. A rule whose flags were all given says nothing."""
     lines, values = [], {}
-    for choice in choices(cfg, info):
+    for choice in choices(cfg, info, given):
         chosen = {name: value for name, value in choice.flags.items() if name not in given}
         if choice.flags and not chosen:
             continue
         values.update(chosen)
         lines.append(Choice(chosen, choice.why).line())
-    return dataclasses.replace(cfg, **values), lines
+    cfg = dataclasses.replace(cfg, **values)
+    if cfg.adaptive_epochs and cfg.ppo_epochs > 1:
+        lines.append(Choice({}, f"up to {cfg.ppo_epochs} passes per iteration, fewer while the sampler has the next "
+                                "iteration's trajectories in (--adaptive_epochs; the status line shows them)").line())
+    return cfg, lines

@@ -92,9 +92,10 @@ def pbt_bounds() -> str:
     """The bounds PBT keeps each hyper-parameter within (appo/population/pbt.py MUTABLE), for --with_pbt's help."""
     from appo.population.pbt import MUTABLE
 
-    bounds = ", ".join(f"{name} [{b.low:g}, {b.high:g}]" for name, b in MUTABLE.items())
-    return (f"Mutated, within bounds: {bounds} (gamma only with --pbt_optimize_gamma; max_grad_norm only when it is "
-            "not 0).")
+    bounds = ", ".join(f"{name} [{b.low:g}, {b.high:g}] (prior [{b.prior[0]:g}, {b.prior[1]:g}])"
+                       for name, b in MUTABLE.items())
+    return (f"Mutated, within hard bounds, resampled from priors: {bounds} (gamma only with --pbt_optimize_gamma; "
+            "max_grad_norm and exploration_loss_coeff only when not 0).")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,8 +247,13 @@ class Config:
     num_batches_per_iteration: int = flag(8, LEARNING,
                                           "Minibatches per training iteration; an iteration uses batch_size * this "
                                           "many fresh samples.", aliases=("num_batches_per_epoch",), valid="[1, inf)")
-    ppo_epochs: int = flag(4, LEARNING, "Passes over each iteration's samples.", aliases=("num_epochs",),
-                           valid="[1, inf)")
+    ppo_epochs: int = flag(4, LEARNING, "Passes (epochs) over each iteration's samples; with --adaptive_epochs the "
+                           "most an iteration trains.", aliases=("num_epochs",), valid="[1, inf)")
+    adaptive_epochs: bool = flag(True, LEARNING,
+                                 "Train the passes after the first only while the next iteration's trajectories are "
+                                 "not all in: a learner slower than the sampler trains fewer passes instead of holding "
+                                 "it back, one with time to spare trains all --ppo_epochs. The passes trained show in "
+                                 "the status line and summaries (learner/epochs). False: always --ppo_epochs.")
     num_minibatches_to_accumulate: int = flag(2, LEARNING,
                                               "When more minibatches than this wait at a learner, actors pause "
                                               "collecting for that policy.", valid="[1, inf)")
@@ -288,8 +294,9 @@ class Config:
     with_pbt: bool = flag(False, PBT,
                           "Evolve the --num_policies policies while they train: every period, a policy ranked in the "
                           "bottom fraction by its objective takes over the weights, optimizer state and "
-                          "hyper-parameters of a top one, and policies outside the top perturb their hyper-parameters "
-                          "and the env's reward shaping.", details=pbt_bounds)
+                          "hyper-parameters of a top one and explores from them (resamples or perturbs a few of its "
+                          "hyper-parameters and the env's reward shaping); a bottom one with no top one far enough "
+                          "ahead explores from its own; the rest keep theirs.", details=pbt_bounds)
     pbt_period_env_steps: int = flag(25_000, PBT,
                                      "Env steps of its own between two PBT decisions about a policy. The defaults of "
                                      "the --pbt_* flags suit runs of minutes on a workstation "
@@ -302,25 +309,34 @@ class Config:
     pbt_replace_fraction: float = flag(0.3, PBT,
                                        "Fraction of the population (rounded up, at most half) forming the top that is "
                                        "copied and the bottom that is replaced.", valid="(0, 0.5]")
-    pbt_mutation_rate: float = flag(0.5, PBT,
-                                    "Probability that each hyper-parameter and shaping coefficient is perturbed when a "
-                                    "policy explores.", valid="[0, 1]")
+    pbt_mutation_rate: float = flag(0.15, PBT,
+                                    "Probability that each hyper-parameter and shaping coefficient moves when a policy "
+                                    "explores (one at random when none was chosen, so an explore always moves one). "
+                                    "Low so that values far off are fixed without walking good ones away.",
+                                    valid="[0, 1]")
+    pbt_resample_probability: float = flag(0.5, PBT,
+                                           "Probability that a value chosen to move is drawn anew from its prior (see "
+                                           "--with_pbt's bounds; a shaping coefficient only when the env declares its "
+                                           "range) instead of perturbed: one draw takes a value 100x off back to a "
+                                           "sane range (scripts/pbt_simulate.py: from a learning rate 100x too low, "
+                                           "0.5 solves where 0.25 often does not).", valid="[0, 1]")
     pbt_replace_reward_gap: float = flag(0.1, PBT,
                                          "A bottom policy is replaced only if the top one's objective exceeds its own "
                                          "by this fraction of the larger magnitude of the two (works for negative "
-                                         "returns too), and by more than --pbt_replace_reward_gap_absolute.",
+                                         "returns too), by more than --pbt_replace_reward_gap_absolute, and by 2 "
+                                         "standard errors of the difference of the two (their episodes' noise).",
                                          valid="[0, inf)")
     pbt_replace_reward_gap_absolute: float = flag(1e-6, PBT,
                                                   "The least amount by which the top policy's objective must exceed a "
                                                   "bottom one's for a replacement (see --pbt_replace_reward_gap).",
                                                   valid="[0, inf)")
     pbt_optimize_gamma: bool = flag(False, PBT, "Let PBT mutate the discount factor too.")
-    pbt_perturb_min: float = flag(1.5, PBT,
+    pbt_perturb_min: float = flag(1.2, PBT,
                                   "A perturbed value is multiplied or divided (even odds) by a factor drawn from "
                                   "[--pbt_perturb_min, --pbt_perturb_max]; gamma and GAE lambda move on 1 - x.")
-    pbt_perturb_max: float = flag(4.0, PBT,
-                                  "See --pbt_perturb_min. Wide by default: a value 100x off, where the objective "
-                                  "barely responds, must still be left within a few dozen periods.")
+    pbt_perturb_max: float = flag(2.0, PBT,
+                                  "See --pbt_perturb_min. Small steps tune a value; a value far off is left by "
+                                  "resampling (--pbt_resample_probability).")
     pbt_target_objective: str = flag("true_objective", PBT,
                                      "What PBT ranks by, averaged over --stats_avg episodes: true_objective is the "
                                      "env's info['true_objective'] at an episode's end, or the episode return without "

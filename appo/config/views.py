@@ -112,6 +112,7 @@ class LearnerConfig(ModelFlags):
     batch_size: int
     num_batches_per_iteration: int
     ppo_epochs: int
+    adaptive_epochs: bool
     num_minibatches_to_accumulate: int
     max_policy_lag: int
     with_vtrace: bool
@@ -196,6 +197,7 @@ class RunnerConfig(RoleView):
     pbt_start_mutation: int
     pbt_replace_fraction: float
     pbt_mutation_rate: float
+    pbt_resample_probability: float
     pbt_replace_reward_gap: float
     pbt_replace_reward_gap_absolute: float
     pbt_perturb_min: float
@@ -203,6 +205,7 @@ class RunnerConfig(RoleView):
     pbt_optimize_gamma: bool
     pbt_target_objective: str
     max_grad_norm: float
+    exploration_loss_coeff: float
 
     @property
     def inference_processes(self) -> int:

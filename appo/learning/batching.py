@@ -47,6 +47,10 @@ class OwedSlots:
         # A copy: actors set flags meanwhile, and numpy's nonzero fails if the count changes while it runs.
         return np.flatnonzero(self.control.slot_owed[self.policy_id].copy()).tolist()
 
+    def waiting(self) -> int:
+        """How many slots hold a trajectory this learner has not read yet (queued or not)."""
+        return int(np.count_nonzero(self.control.slot_owed[self.policy_id]))
+
     def queue(self, slots: list[int]) -> None:
         self.pending.extend(slots)
         self.pending_set.update(slots)

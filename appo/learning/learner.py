@@ -2,8 +2,10 @@
 
 Each iteration takes `batch_size * num_batches_per_iteration` samples worth of trajectory slots,
 drops those older than `--max_policy_lag` versions, copies the rest out of shared memory (and hands the
-slots back to their actors at once), computes GAE or V-trace, runs `--ppo_epochs` passes of
-`--num_batches_per_iteration` minibatches, and publishes the new weights with version + 1.
+slots back to their actors at once), computes GAE or V-trace, runs up to `--ppo_epochs` passes of
+`--num_batches_per_iteration` minibatches, and publishes the new weights with version + 1. With `--adaptive_epochs`
+the passes after the first run only while the next iteration's trajectories are not all in: on a fast env the
+learner trains each sample fewer times rather than make the sampler wait, on a slow env it trains all of them.
 
 The parts: which slots are owed and the batch made of them (appo/learning/batching.py), the updates
 (appo/learning/ppo.py, with the loss terms in losses.py), the policy's weights, optimizer and hyper-parameters
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -68,8 +71,8 @@ class LearnerCounters:
 
     LAG_KEYS = ("lag_min", "lag_max", "lag_avg")
 
-    def __init__(self, policy_id: int):
-        self.policy_id = policy_id
+    def __init__(self, policy_id: int, cfg: LearnerConfig):
+        self.policy_id, self.cfg = policy_id, cfg
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.samples = self.dropped = self.skipped_updates = self.nonfinite = 0
         self.consecutive_skipped = 0  # kept across reports
@@ -95,6 +98,14 @@ class LearnerCounters:
         for key, value in stats.items():
             self.stats[key].append(value)
         return True
+
+    def add_iteration(self, updates: Iterator[dict[str, float] | None], trajectories: int) -> int:
+        """Count an iteration's updates as they run (`add_update`), its samples and its passes over them (fewer than
+        --ppo_epochs with --adaptive_epochs); returns how many updates were applied."""
+        results = [self.add_update(stats) for stats in updates]
+        self.samples += trajectories * self.cfg.rollout
+        self.stats["epochs"].append(len(results) / min(self.cfg.num_batches_per_iteration, trajectories))
+        return sum(results)
 
     def marks(self) -> dict[str, int]:
         """Where the statistics lists end now: `means_since` averages what comes after."""
@@ -158,7 +169,7 @@ class Learner(WorkerRole):
         self.owed = OwedSlots(ctx, policy_id)
         self.batches = BatchBuilder(cfg, ctx.traj, policy_id, self.device, masked=num_acting_ids(cfg) > 1)
         self.timing = Timing()
-        self.counters = LearnerCounters(policy_id)
+        self.counters = LearnerCounters(policy_id, cfg)
         self.last_scan = self.last_save = self.last_report = time.monotonic()  # of each thing `step` does now and then
         if ctx.control.learners.policy_version[policy_id] >= 0:
             self._continue_predecessor(checkpoint)
@@ -172,7 +183,6 @@ class Learner(WorkerRole):
         init_worker(ctx.cfg, cpu=None, single_thread=True)
         torch.set_num_threads(ctx.cfg.learner_torch_threads)
         cls(ctx, policy_id, hyperparams, report_iterations).run()
-
 
     def setup(self) -> None:
         """Serve the weights and say so: a crash from now on gets this learner replaced."""
@@ -245,11 +255,11 @@ class Learner(WorkerRole):
             batch = self.collect(slots)
         if batch is None:
             return
+        next_not_in = (lambda: self.owed.waiting() < self.trajs_per_iteration) if self.cfg.adaptive_epochs else None
         with self.timing.time("sgd"):
-            for stats in ppo_updates(policy.model, policy.optimizer, self.cfg, policy.hyperparams, batch, self.shuffle):
-                if counters.add_update(stats):
-                    policy.train_steps += 1
-            counters.samples += batch["rewards"].shape[0] * self.cfg.rollout
+            updates = ppo_updates(policy.model, policy.optimizer, self.cfg, policy.hyperparams, batch, self.shuffle,
+                                  another_epoch=next_not_in)
+            policy.train_steps += counters.add_iteration(updates, trajectories=len(batch["dones"]))
             self._publish()
         if marks is not None:
             self.report_queue.put(LearnerIteration(self.policy_id, policy.version, policy.env_steps,

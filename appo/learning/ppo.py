@@ -9,7 +9,7 @@ one acting id a `mask` [n, T] of the steps this policy took.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -141,12 +141,14 @@ def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
 
 
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
-                batch: dict[str, Any], shuffle: torch.Generator | None = None) -> Iterator[dict[str, float] | None]:
+                batch: dict[str, Any], shuffle: torch.Generator | None = None,
+                another_epoch: Callable[[], bool] | None = None) -> Iterator[dict[str, float] | None]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
-    bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then --ppo_epochs
-    passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
+    bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then up to
+    --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
     minibatch's statistics (None: a non-finite update, skipped) right after its step. `shuffle` draws the
-    minibatches (torch's global generator when None)."""
+    minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
+    iteration early when it returns False (the first pass always runs)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
     advantages = targets = None
@@ -155,7 +157,9 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
                                          hp.gamma, hp.gae_lambda)
     n = batch["rewards"].shape[0]
     num_minibatches = min(cfg.num_batches_per_iteration, n)
-    for _ in range(cfg.ppo_epochs):
+    for epoch in range(cfg.ppo_epochs):
+        if epoch > 0 and another_epoch is not None and not another_epoch():
+            return
         for mb_index in torch.randperm(n, generator=shuffle, device=batch["rewards"].device).chunk(num_minibatches):
             mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
             yield train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],

@@ -6,13 +6,24 @@ shaping in shared memory) and this module writes the population's state and hist
 dir.
 
 Every `--pbt_period_env_steps` of its own (once past `--pbt_start_mutation`), a policy is judged against
-the population by its objective (the mean over its last `--stats_avg` episodes):
+the population by its objective (the mean over its last `--stats_avg` episodes). Truncation selection, as in
+the PBT paper (Jaderberg et al., 2017), with `k = replace_count(N, --pbt_replace_fraction)`:
 - in the top `k` it is left alone;
-- in the bottom `k`, and far enough below a random top policy (`replacement_gap_met`), it takes over
-  that policy's weights, optimizer state, hyper-parameters and reward shaping, then explores;
-- otherwise it explores from its own values.
-`k = replace_count(N, --pbt_replace_fraction)`. Exploring perturbs each mutable value with probability
-`--pbt_mutation_rate` (`perturb`).
+- in the bottom `k`, and far enough below a random top policy (`replacement_gap_met`: by a relative and an
+  absolute gap, and by CONFIDENCE_Z standard errors of the two objectives), it takes over that policy's
+  weights, optimizer state, hyper-parameters and reward shaping, then explores from them;
+- in the bottom `k` with no top policy far enough ahead, it explores from its own values (a population whose
+  objectives are all alike must still move, or a bad start common to all is never left);
+- in the middle (neither top nor bottom) it is left alone: a policy that is doing fine keeps learning with
+  the values it has, rather than each explore risking values that stop learning.
+
+Exploring (`explore`) moves few values: each hyper-parameter and shaping coefficient is chosen with
+probability `--pbt_mutation_rate`, and one is chosen at random if none was, so an explore is never a no-op.
+A chosen value is, with probability `--pbt_resample_probability`, drawn anew from its prior (`Bounds.prior`,
+values that learn on most tasks; a shaping coefficient only when the env declared its range), else perturbed
+by a factor from [`--pbt_perturb_min`, `--pbt_perturb_max`] or its inverse. Every value is clamped to its
+hard bounds (`Bounds.low`, `Bounds.high`). Resampling gets a value far off (a learning rate 100x too low) back
+into a sane range in one step; small perturbations tune it from there without walking other values away.
 
 On the wire and in `pbt/population.json` a policy's hyper-parameters are a dict of the values PBT mutates in this run
 (`mutable_names`); its learner holds all of them as an appo.config.hyperparams.Hyperparams.
@@ -35,36 +46,53 @@ from utils.files import atomic_write_text
 class Bounds:
     """Where PBT may take one hyper-parameter.
 
-    `discount_like` values (gamma, GAE lambda) are perturbed on 1 - x, so they approach 1 by ever smaller
-    steps. A value at 0 (or 1 - x at 0) cannot move by a factor, so it first moves to `from_zero`."""
+    `low` and `high` are hard bounds: every value is clamped to them. `prior` is the range a resampled value is
+    drawn from (`draw_from_prior`), None to only perturb. `discount_like` values (gamma, GAE lambda) move and are
+    drawn on 1 - x, so they approach 1 by ever smaller steps. A value at 0 (or 1 - x at 0) cannot move by a
+    factor, so it first moves to `from_zero`."""
 
     low: float
     high: float
     from_zero: float
     discount_like: bool = False
+    prior: tuple[float, float] | None = None
 
 
-# The hyper-parameters PBT mutates, and their bounds (documented in --help of --with_pbt); the names are the fields
-# of Hyperparams, in the same order.
+# The hyper-parameters PBT mutates (the fields of Hyperparams, in the same order), their hard bounds and priors
+# (listed in --help of --with_pbt).
+#
+# Priors: around the values common PPO settings use (the PPO paper's lr 3e-4, clip 0.2, lambda 0.95, gamma 0.99; the
+# defaults of CleanRL, Stable-Baselines3 and Sample Factory), so a value drawn from one is a sane start on most tasks,
+# tuned to none: learning rate 1e-4 to 3e-3 (log scale, 3e-4 and 1e-3 inside); value loss weight 0.1 to 2; clip ratio
+# 0.05 to 0.3 (0.1 and 0.2 are the usual values); value clip 0.1 to 10 (in units of the return, whose scale varies by
+# task); grad norm 0.5 to 10; GAE lambda 0.9 to 0.99 and gamma 0.98 to 0.999 (log-uniform on 1 - x: lambda is as likely
+# in 0.9-0.97 as in 0.97-0.99); exploration loss 1e-4 to 3e-2 (0.01 is common for discrete actions; more drowns the
+# policy gradient).
+#
+# Hard bounds are wider than the priors, so perturbing can still tune beyond them, except where a value past
+# them was seen to stop learning (issue 26): GAE lambda below 0.8 (advantages then see only a few steps ahead;
+# 0.5 held a population back while its learning rate recovered) and clip ratios below 0.02 (updates too small
+# to move the policy) or above 0.5 (the trust region is gone).
 MUTABLE: dict[str, Bounds] = {
-    "learning_rate": Bounds(1e-7, 1e-1, from_zero=1e-6),
-    "exploration_loss_coeff": Bounds(0.0, 1.0, from_zero=1e-4),
-    "value_loss_coeff": Bounds(1e-3, 10.0, from_zero=1e-2),
-    "ppo_clip_ratio": Bounds(0.01, 1.0, from_zero=0.01),
-    "ppo_clip_value": Bounds(0.01, 100.0, from_zero=0.01),
-    "max_grad_norm": Bounds(0.01, 100.0, from_zero=0.5),  # 0 (no clipping) is left alone: see mutable_names
-    "gae_lambda": Bounds(0.5, 1.0, from_zero=1e-3, discount_like=True),
-    "gamma": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True),
+    "learning_rate": Bounds(1e-7, 1e-1, from_zero=1e-6, prior=(1e-4, 3e-3)),
+    "exploration_loss_coeff": Bounds(0.0, 1.0, from_zero=1e-4, prior=(1e-4, 3e-2)),  # 0 is left alone
+    "value_loss_coeff": Bounds(1e-3, 10.0, from_zero=1e-2, prior=(0.1, 2.0)),
+    "ppo_clip_ratio": Bounds(0.02, 0.5, from_zero=0.02, prior=(0.05, 0.3)),
+    "ppo_clip_value": Bounds(0.01, 100.0, from_zero=0.01, prior=(0.1, 10.0)),
+    "max_grad_norm": Bounds(0.01, 100.0, from_zero=0.5, prior=(0.5, 10.0)),  # 0 (no clipping) is left alone
+    "gae_lambda": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True, prior=(0.9, 0.99)),
+    "gamma": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True, prior=(0.98, 0.999)),
 }
 # Reward-shaping coefficients an env exposes are perturbed within these bounds, unless the env declares its own.
+# No prior: a coefficient's sensible scale is the env's to say.
 SHAPING_BOUNDS = Bounds(-1e3, 1e3, from_zero=1e-3)
 
 
 def shaping_bounds(declared: dict[str, tuple[float, float]]) -> dict[str, Bounds]:
     """Bounds for the coefficients an env declares a range for (`get_reward_shaping_bounds()`): a value below
-    `low` is lost in the env's own reward, one above `high` swamps it. A coefficient at 0 moves to `low`, or
-    to SHAPING_BOUNDS' first step when `low` is 0 or below."""
-    return {key: Bounds(low, high, from_zero=low if low > 0 else SHAPING_BOUNDS.from_zero)
+    `low` is lost in the env's own reward, one above `high` swamps it, so the range is both the hard bounds and
+    the prior. A coefficient at 0 moves to `low`, or to SHAPING_BOUNDS' first step when `low` is 0 or below."""
+    return {key: Bounds(low, high, from_zero=low if low > 0 else SHAPING_BOUNDS.from_zero, prior=(low, high))
             for key, (low, high) in declared.items()}
 
 
@@ -81,12 +109,14 @@ class Settings:
     perturb_min: float
     perturb_max: float
     shaping_bounds: dict[str, Bounds] = field(default_factory=dict)  # SHAPING_BOUNDS for the rest
+    resample_probability: float = 0.0  # 0: perturb only
 
     @staticmethod
     def from_cfg(cfg, shaping_bounds: dict[str, Bounds] | None = None) -> Settings:
         return Settings(cfg.pbt_period_env_steps, cfg.pbt_start_mutation, cfg.pbt_replace_fraction,
                         cfg.pbt_mutation_rate, cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute,
-                        cfg.pbt_perturb_min, cfg.pbt_perturb_max, dict(shaping_bounds or {}))
+                        cfg.pbt_perturb_min, cfg.pbt_perturb_max, dict(shaping_bounds or {}),
+                        cfg.pbt_resample_probability)
 
 
 @dataclass
@@ -102,8 +132,8 @@ class Member:
 
 @dataclass(frozen=True)
 class Event:
-    """The outcome of judging one policy. `kind`: keep (top), mutate (explore from its own values) or
-    replace (exploit `donor`, then explore from the donor's values)."""
+    """The outcome of judging one policy. `kind`: keep (top and middle), mutate (a bottom policy nobody is far
+    enough ahead of explores from its own values) or replace (exploit `donor`, then explore from its values)."""
 
     policy: int
     kind: str
@@ -139,10 +169,12 @@ def _fmt(value: float | None) -> str:
 
 
 def mutable_names(cfg) -> list[str]:
-    """The hyper-parameters PBT mutates in this run: gamma only with --pbt_optimize_gamma, and max_grad_norm
-    only when clipping is on (0 means no clipping, which a factor would turn into a tiny clip)."""
+    """The hyper-parameters PBT mutates in this run: gamma only with --pbt_optimize_gamma; max_grad_norm and
+    exploration_loss_coeff only when not 0, since a 0 there is a choice (no clipping; no exploration bonus, e.g.
+    for continuous actions) that a factor or a prior would undo."""
     names = [name for name in MUTABLE if name != "gamma" or cfg.pbt_optimize_gamma]
-    return [name for name in names if name != "max_grad_norm" or cfg.max_grad_norm > 0]
+    off = {"max_grad_norm": cfg.max_grad_norm == 0, "exploration_loss_coeff": cfg.exploration_loss_coeff == 0}
+    return [name for name in names if not off.get(name, False)]
 
 
 def replace_count(num_policies: int, fraction: float) -> int:
@@ -151,14 +183,29 @@ def replace_count(num_policies: int, fraction: float) -> int:
     return min(num_policies // 2, max(1, math.ceil(round(fraction * num_policies, 9))))
 
 
-def replacement_gap_met(best: float, worst: float, relative: float, absolute: float) -> bool:
-    """Whether `worst` is far enough below `best` to be replaced.
+# How many standard errors of their difference the best objective must be ahead of the worst for a replacement.
+# Objectives are means of a few noisy episodes; two policies that learn equally well differ by more than 2 standard
+# errors in about 2% of decisions (one-sided, normal), so replacements are made on a real lead. A wrong
+# replacement throws away a policy's progress and the population's diversity; a missed one costs one period.
+CONFIDENCE_Z = 2.0
+
+
+def replacement_gap_met(best: float, worst: float, relative: float, absolute: float,
+                        standard_error: float = 0.0) -> bool:
+    """Whether `worst` is far enough below `best` to be replaced: by more than `absolute`, `relative` of the
+    larger magnitude, and CONFIDENCE_Z times `standard_error` (of the difference; `difference_error`).
 
     The relative gap is measured against the larger magnitude of the two, so it means the same for
     positive, negative and mixed returns (dividing by `best` alone, as Sample Factory does, turns the test
     around when the best return is negative and explodes when it is near 0)."""
     gap = best - worst
-    return gap > absolute and gap > relative * max(abs(best), abs(worst))
+    return gap > absolute and gap > relative * max(abs(best), abs(worst)) and gap > CONFIDENCE_Z * standard_error
+
+
+def difference_error(errors: list[float | None]) -> float:
+    """Standard error of a difference of independent means, from their standard errors; an unknown one (None)
+    counts as 0, so unknown errors leave the other gap rules alone."""
+    return math.sqrt(sum(e * e for e in errors if e is not None))
 
 
 def perturb(value: float, bounds: Bounds, rng: random.Random, perturb_min: float, perturb_max: float) -> float:
@@ -173,53 +220,88 @@ def perturb(value: float, bounds: Bounds, rng: random.Random, perturb_min: float
     return min(bounds.high, max(bounds.low, new))
 
 
-def explore(values: dict[str, float], bounds: dict[str, Bounds], rng: random.Random, settings: Settings,
-            default: Bounds | None = None) -> dict[str, float]:
-    """Each value perturbed with probability --pbt_mutation_rate, within `bounds[name]` (else `default`)."""
+def draw_from_prior(bounds: Bounds, rng: random.Random) -> float:
+    """A value from `bounds.prior`: log-uniform when the prior is positive (on 1 - x for discount-like values),
+    since these values matter by their ratios; uniform for a prior that reaches 0 or below. Clamped to the
+    bounds."""
+    low, high = bounds.prior
+    if bounds.discount_like:
+        low, high = 1.0 - high, 1.0 - low
+    x = math.exp(rng.uniform(math.log(low), math.log(high))) if low > 0 else rng.uniform(low, high)
+    new = 1.0 - x if bounds.discount_like else x
+    return min(bounds.high, max(bounds.low, new))
+
+
+def explore(values: dict, bounds: dict, rng: random.Random, settings: Settings,
+            default: Bounds | None = None) -> dict:
+    """Each value chosen with probability --pbt_mutation_rate, one chosen at random if none was; a chosen value
+    is redrawn from its prior with probability --pbt_resample_probability (when it has one), else perturbed.
+    Within `bounds[name]` (else `default`)."""
+    names = list(values)
+    chosen = {name for name in names if rng.random() < settings.mutation_rate}
+    if not chosen and names:
+        chosen = {rng.choice(names)}
     explored = {}
     for name, value in values.items():
         b = bounds.get(name, default)
-        mutate = rng.random() < settings.mutation_rate
-        explored[name] = perturb(value, b, rng, settings.perturb_min, settings.perturb_max) if mutate else value
+        if name not in chosen:
+            explored[name] = value
+        elif b.prior is not None and rng.random() < settings.resample_probability:
+            explored[name] = draw_from_prior(b, rng)
+        else:
+            explored[name] = perturb(value, b, rng, settings.perturb_min, settings.perturb_max)
     return explored
 
 
+def explore_member(source: Member, settings: Settings, rng: random.Random) -> tuple[dict[str, float],
+                                                                                     dict[str, float]]:
+    """One explore over a member's hyper-parameters and shaping together (so that at least one of all of them
+    moves): the new (hyperparams, shaping)."""
+    values = {("hyperparams", k): v for k, v in source.hyperparams.items()}
+    values.update({("shaping", k): v for k, v in source.shaping.items()})
+    bounds = {("hyperparams", k): MUTABLE[k] for k in source.hyperparams}
+    bounds.update({("shaping", k): settings.shaping_bounds.get(k, SHAPING_BOUNDS) for k in source.shaping})
+    explored = explore(values, bounds, rng, settings)
+    parts: dict[str, dict[str, float]] = {"hyperparams": {}, "shaping": {}}
+    for (part, name), value in explored.items():
+        parts[part][name] = value
+    return parts["hyperparams"], parts["shaping"]
+
+
 def decide(env_steps: list[int], objectives: list[float | None], members: list[Member], settings: Settings,
-           rng: random.Random) -> list[Event]:
+           rng: random.Random, errors: list[float | None] | None = None) -> list[Event]:
     """Judge every policy whose period is up. `objectives[p]` is None while policy p has too few episodes;
-    such a policy is neither judged nor ranked. Equal objectives rank in random order (a sparse objective is
-    often 0 for everyone; no policy should be kept or explored for its index)."""
+    such a policy is neither judged nor ranked. `errors[p]`: the standard error of objectives[p] (None or no
+    list: unknown), for the gap rule. Equal objectives rank in random order (a sparse objective is often 0 for
+    everyone; no policy should be kept or explored for its index)."""
+    errors = errors or [None] * len(objectives)
     tie_break = [rng.random() for _ in objectives]
     judged = [p for p, o in enumerate(objectives) if o is not None]
     ranked = sorted(judged, key=lambda p: (-objectives[p], tie_break[p]))
     if len(ranked) < 2:
         return []
     k = replace_count(len(ranked), settings.replace_fraction)
-    top, bottom = ranked[:k], ranked[-k:]
+    bottom = ranked[-k:]
     events = []
     for policy, member in enumerate(members):
         steps = env_steps[policy]
         if (objectives[policy] is None or steps < settings.start_mutation
                 or steps - member.last_decision_env_steps < settings.period_env_steps):
             continue
-        if policy in top:
+        if policy not in bottom:  # the top and the middle
             events.append(Event(policy, "keep", steps, list(objectives), hyperparams_before=member.hyperparams,
                                 hyperparams_after=member.hyperparams, shaping_before=member.shaping,
                                 shaping_after=member.shaping))
             continue
-        donor = None
-        if policy in bottom:
-            candidate = rng.choice(top)
-            if replacement_gap_met(objectives[candidate], objectives[policy], settings.replace_reward_gap,
-                                   settings.replace_reward_gap_absolute):
-                donor = candidate
-        source = members[policy if donor is None else donor]
+        candidate = rng.choice(ranked[:k])
+        noise = difference_error([errors[candidate], errors[policy]])
+        donor = candidate if replacement_gap_met(objectives[candidate], objectives[policy], settings.replace_reward_gap,
+                                                 settings.replace_reward_gap_absolute, noise) else None
+        hyperparams_after, shaping_after = explore_member(members[policy if donor is None else donor], settings, rng)
         events.append(Event(
             policy, "mutate" if donor is None else "replace", steps, list(objectives), donor=donor,
-            hyperparams_before=dict(member.hyperparams),
-            hyperparams_after=explore(source.hyperparams, MUTABLE, rng, settings),
-            shaping_before=dict(member.shaping),
-            shaping_after=explore(source.shaping, settings.shaping_bounds, rng, settings, SHAPING_BOUNDS)))
+            hyperparams_before=dict(member.hyperparams), hyperparams_after=hyperparams_after,
+            shaping_before=dict(member.shaping), shaping_after=shaping_after))
     return events
 
 
@@ -260,9 +342,8 @@ def initial_members(cfg, num_policies: int, shaping: dict[str, float], bounds: d
     members = [Member(dict(hyperparams), dict(shaping)) for _ in range(num_policies)]
     for member in members[1:]:
         for key, b in (bounds or {}).items():
-            if key in member.shaping:
-                member.shaping[key] = (math.exp(rng.uniform(math.log(b.low), math.log(b.high))) if b.low > 0
-                                       else rng.uniform(b.low, b.high))
+            if key in member.shaping and b.prior is not None:
+                member.shaping[key] = draw_from_prior(b, rng)
     return members
 
 

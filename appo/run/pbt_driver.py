@@ -41,8 +41,8 @@ class PbtDriver:
     def step(self) -> None:
         """Judge the policies whose period is up and carry out the decisions."""
         reports, inboxes = self.reports, self.ctx.queues.learner_inboxes
-        objectives = self._objectives()
-        events = pbt.decide(reports.env_steps, objectives, self.members, self.settings, self.rng)
+        events = pbt.decide(reports.env_steps, self._objectives(), self.members, self.settings, self.rng,
+                            self._objective_errors())
         for event in events:
             pbt.apply(self.members, event)
             pbt.append_history(self.ctx.exp_dir, event)
@@ -70,6 +70,14 @@ class PbtDriver:
         ratings = self.ratings
         return [ratings.elo.get(f"p{p}") if ratings.games_of(f"p{p}") - self.games_before[p] >= cfg.stats_avg else None
                 for p in range(cfg.num_policies)]
+
+    def _objective_errors(self) -> list[float | None]:
+        """The standard error of each objective (None: unknown), for the gap rule: of the mean over the window of
+        episodes, or unknown for Elo ratings (their games are not independent samples of one mean)."""
+        cfg = self.ctx.cfg
+        if cfg.pbt_target_objective == ELO_OBJECTIVE:
+            return [None] * cfg.num_policies
+        return [self.reports.objective_error(p) for p in range(cfg.num_policies)]
 
     def _forget_rating(self, receiver: int, donor: int) -> None:
         """The receiver plays with the donor's weights now: it starts from the donor's rating, judged anew."""

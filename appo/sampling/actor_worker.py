@@ -40,7 +40,7 @@ from appo.spaces import SINGLE_KEY
 from utils.process import init_worker
 from utils.timing import Timing
 
-REPORT_INTERVAL_S = 1.0
+REPORT_INTERVAL_S = 0.25  # episodes reach the runner this soon: a run with --target_reward stops that soon after
 # The longest one step of the main loop blocks: a wait for free slots (learners send a wake-up when they release
 # some; this bounds a missed one and how late the stop flag is seen). A wait for answers is WAKE_TIMEOUT_S.
 MAX_BLOCK_S = 0.05

@@ -98,15 +98,28 @@ class Numbers:
         """Each metric of info["episode_extra_stats"]: its mean over the policy's last --stats_avg values."""
         return {name: float(np.mean(values)) for name, values in self.tally.policies[policy].episodes.extra.items()}
 
+    def _full_window(self, policy: int, measure: str) -> list[float] | None:
+        """Episode "reward" or "objective" of the last --stats_avg episodes; None until there are that many."""
+        window = self.tally.policies[policy].episodes
+        values = list(window.objectives) if measure == "objective" else [reward for reward, _ in window.recent]
+        return values if len(values) == self.cfg.stats_avg else None
+
     def full_window_mean(self, policy: int, measure: str) -> float | None:
         """Mean episode "reward" or "objective" over the last --stats_avg episodes; None until there are that many."""
-        window = self.tally.policies[policy].episodes
-        values = window.objectives if measure == "objective" else [reward for reward, _ in window.recent]
-        return float(np.mean(values)) if len(values) == self.cfg.stats_avg else None
+        values = self._full_window(policy, measure)
+        return None if values is None else float(np.mean(values))
 
     def objective(self, policy: int) -> float | None:
         """What PBT ranks the policy by."""
         return self.full_window_mean(policy, "objective")
+
+    def objective_error(self, policy: int) -> float | None:
+        """Standard error of `objective` (std / sqrt(n) over the same window), so PBT replaces a policy only on a
+        lead larger than the episodes' noise; None without a full window, or with a window of one episode."""
+        values = self._full_window(policy, "objective")
+        if values is None or len(values) < 2:
+            return None
+        return float(np.std(values, ddof=1) / np.sqrt(len(values)))
 
     def solved_policy(self, target: float, measure: str = "reward") -> tuple[int, float] | None:
         """A policy whose full-window mean reward (or objective) reaches target, with that mean."""

@@ -121,6 +121,10 @@ class Reports:
         """What PBT ranks the policy by: its mean objective over a full --stats_avg window, else None."""
         return self.numbers.objective(policy)
 
+    def objective_error(self, policy: int) -> float | None:
+        """The standard error of `objective` (None while unknown), for PBT's gap rule."""
+        return self.numbers.objective_error(policy)
+
     def forget_objective(self, policy: int) -> None:
         """After a policy's weights were replaced it is judged on episodes of its new weights only."""
         self.tally.policies[policy].episodes.forget_objectives()

@@ -64,6 +64,8 @@ class StatusText:
             pieces.append(f", objective {objective:.3f}")
         pieces.append(f", {si(numbers.sample_throughput(p))} samples/s")
         stats = policy.stats
+        if "epochs" in stats:
+            pieces.append(f", epochs {stats['epochs']:.1f}")
         if "lag_avg" in stats:
             pieces.append(f", lag {stats['lag_min']:.0f}/{stats['lag_avg']:.1f}/{stats['lag_max']:.0f}")
         evaluation = policy.evaluation
