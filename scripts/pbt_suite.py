@@ -4,8 +4,8 @@ Every task is trained from three starts, each in three arms, N seeds each:
 - starts: `default` (the trainer's defaults), `lr_low` (--learning_rate 100x below the task's default: 1e-3, or
   appo/config/auto.py IMAGE_LEARNING's for image observations), `lambda_low` (--gae_lambda=0.5);
 - arms: `single` (one policy with the whole machine), `population` (--num_policies=4, no PBT) and `pbt`
-  (--num_policies=4 --with_pbt=True). The last two run for the same wall time on the same workers, so they
-  also take about the same total env steps.
+  (--num_policies=4 --with_pbt=True; `--population N` for another size). The last two run for the same wall
+  time on the same workers, so they also take about the same total env steps.
 Tasks and thresholds (mean return over the last --stats_avg episodes of the best policy): cartpole
 (CartPole-v1, 475), lunarlander (LunarLander-v3, 200), pendulum (Pendulum-v1, -200), mountaincar_continuous
 (MountainCarContinuous-v0, 90), as in scripts/suite.py, and catch (envs/catch.py, 9: 95% of the balls caught;
@@ -55,13 +55,19 @@ PBT_TASKS = {
     "cartpole": dataclasses.replace(TASKS["cartpole"], budget_s=180),  # PBT from lr 1e-5: median 88 s (issue 26)
     "lunarlander": dataclasses.replace(TASKS["lunarlander"], budget_s=600),
     "pendulum": dataclasses.replace(TASKS["pendulum"], budget_s=300),
-    "mountaincar_continuous": dataclasses.replace(TASKS["mountaincar_continuous"], budget_s=600),
+    "mountaincar_continuous": dataclasses.replace(TASKS["mountaincar_continuous"], budget_s=300),
     "catch": Task("catch", 9, 180),  # the defaults reach 9 in about 20 s
 }
 STARTS = ("default", "lr_low", "lambda_low")
-POPULATION = 4
-ARMS = {"single": [], "population": [f"--num_policies={POPULATION}", "--with_pbt=False"],
-        "pbt": [f"--num_policies={POPULATION}", "--with_pbt=True"]}
+POPULATION = 4  # policies of the population arms, unless --population says otherwise
+ARMS = ("single", "population", "pbt")
+
+
+def arm_flags(arm: str, population: int) -> list[str]:
+    """One policy with the whole machine, or `population` policies without or with PBT."""
+    if arm == "single":
+        return []
+    return [f"--num_policies={population}", f"--with_pbt={arm == 'pbt'}"]
 RECORDS = "pbt_suite.jsonl"
 SUMMARY = re.compile(r"Summary: [0-9.]+ s.*?, ([0-9]+) env steps")  # the trainer's last line of totals
 
@@ -91,13 +97,14 @@ def load_records(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_one(task_name: str, start: str, arm: str, seed: int, train_dir: str, budget_scale: float) -> dict:
+def run_one(task_name: str, start: str, arm: str, seed: int, train_dir: str, budget_scale: float,
+            population: int = POPULATION) -> dict:
     """One trainer run and its record; a trainer that fails stops the benchmark (what finished is kept)."""
     task = PBT_TASKS[task_name]
     budget_s = task.budget_s * budget_scale
     flags = [f"--env={task.env}", f"--seed={seed}", f"--experiment={task_name}_{start}_{arm}_{seed}",
              f"--train_dir={train_dir}", f"--train_for_seconds={budget_s:g}", f"--target_reward={task.threshold:g}",
-             "--restart=True", *start_flags(start, task.env), *ARMS[arm]]
+             "--restart=True", *start_flags(start, task.env), *arm_flags(arm, population)]
     print("python -m appo.train " + " ".join(flags), flush=True)
     run = run_trainer(flags)
     if run.returncode != 0:
@@ -105,7 +112,8 @@ def run_one(task_name: str, start: str, arm: str, seed: int, train_dir: str, bud
                          "rerun with --resume to go on")
     rewards = [stats["reward"] for stats in final_stats(run.output).values()]
     totals = SUMMARY.findall(run.output)
-    return {"task": task_name, "start": start, "arm": arm, "seed": seed, "budget_s": budget_s,
+    return {"task": task_name, "start": start, "arm": arm, "seed": seed,
+            "policies": 1 if arm == "single" else population, "budget_s": budget_s,
             "threshold": task.threshold, "solved_s": run.solved_s,
             "env_steps": run.env_steps if run.env_steps is not None else int(totals[-1]) if totals else None,
             "final_best": max(rewards, default=None),
@@ -216,6 +224,7 @@ def main() -> None:
     parser.add_argument("--budget_scale", type=float, default=1.0, help="Multiplies every task's time budget.")
     parser.add_argument("--out", default="train_dir/pbt_suite", help=f"Folder for {RECORDS} and the report.")
     parser.add_argument("--train_dir", default="train_dir/pbt_suite_runs")
+    parser.add_argument("--population", type=int, default=POPULATION, help="Policies of the population and pbt arms.")
     parser.add_argument("--resume", action="store_true", help=f"Skip the runs already in OUT/{RECORDS}.")
     parser.add_argument("--report", action="store_true", help="Run nothing: rewrite the report from the records.")
     args = parser.parse_args()
@@ -236,7 +245,7 @@ def main() -> None:
     todo = pending(plan, records)
     print(f"{len(todo)} of {len(plan)} runs to go", flush=True)
     for key in todo:
-        record = run_one(*key, args.train_dir, args.budget_scale)
+        record = run_one(*key, args.train_dir, args.budget_scale, args.population)
         print(json.dumps(record), flush=True)
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")

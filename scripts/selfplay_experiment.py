@@ -6,8 +6,12 @@ every trained policy scored in games against the duel's scripted opponent, and t
 Each run trains `python -m appo.train --env=duel --seed=<run>` for --seconds, with the pool flags (`pool`) or
 without them (`latest`: one policy playing both seats), then plays --games games against the scripted opponent
 (`envs.duel.evaluate`: the policy takes the left seat in even games, the right in odd ones; its most likely
-action). The untrained policy is a freshly initialised model of the same architecture (seed = run). Prints a
-table and the medians, and writes them as JSON (--out).
+action). Two more modes compare PBT's Elo objective: `population` (4 policies playing each other, no PBT) and
+`pbt_elo` (the same with --with_pbt=True --pbt_target_objective=elo); every policy is scored, and the table gives
+the best one's win rate (the JSON has each policy's and the mean). The untrained policy is a freshly initialised
+model of the same architecture (seed = run). Prints a table and the medians, and writes them as JSON (--out).
+
+    python scripts/selfplay_experiment.py --runs 3 --seconds 180 --modes population,pbt_elo
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from envs import env_info  # noqa: E402
 from envs.duel import evaluate  # noqa: E402
 
 POOL_FLAGS = ["--self_play_opponents=8", "--self_play_snapshot_every=50", "--self_play_latest_fraction=0.5"]
+POLICIES = 4  # of the population modes
+# `population`: 4 policies playing each other, no PBT; `pbt_elo`: the same with PBT ranking them by Elo.
+POPULATION_FLAGS = [f"--num_policies={POLICIES}", "--with_pbt=False"]
+PBT_ELO_FLAGS = [f"--num_policies={POLICIES}", "--with_pbt=True", "--pbt_target_objective=elo"]
 
 
 def untrained_win_rate(seed: int, games: int) -> float:
@@ -52,11 +60,17 @@ def train_and_score(name: str, flags: list[str], seed: int, seconds: float, game
     run = run_trainer(args)
     if run.returncode != 0:
         raise SystemExit(f"{name} failed (exit {run.returncode}):\n{run.output[-3000:]}")
-    policy = load_policy(os.path.join(train_dir, name))
-    scores = evaluate(lambda obs: policy.act(obs, deterministic=True), games=games, seed=10_000 + seed)
+    policies, scores = [], []
+    for policy_id in range(POLICIES if "--num_policies=4" in flags else 1):
+        policies.append(load_policy(os.path.join(train_dir, name), policy_id))
+        scores.append(evaluate(lambda obs, p=policies[-1]: p.act(obs, deterministic=True), games=games,
+                               seed=10_000 + seed))
+    best = max(range(len(scores)), key=lambda p: scores[p]["win_rate"])
     ratings = [line for line in run.output.splitlines() if "ratings:" in line]
-    return {"win_rate": scores["win_rate"], "draws": scores["draws"], "env_steps": policy.env_steps,
-            "version": policy.version, "seconds": round(time.monotonic() - started, 1),
+    return {"win_rate": scores[best]["win_rate"], "draws": scores[best]["draws"],
+            "mean_win_rate": statistics.mean(score["win_rate"] for score in scores),
+            "win_rates": [score["win_rate"] for score in scores], "env_steps": sum(p.env_steps for p in policies),
+            "version": policies[best].version, "seconds": round(time.monotonic() - started, 1),
             "last_ratings": ratings[-1].split("ratings: ", 1)[-1] if ratings else None}
 
 
@@ -65,12 +79,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=180.0, help="Training time of each run.")
     parser.add_argument("--games", type=int, default=200, help="Games against the scripted opponent per policy.")
-    parser.add_argument("--modes", default="pool,latest", help="Which of pool, latest to run, in this order.")
+    parser.add_argument("--modes", default="pool,latest",
+                        help="Which of pool, latest, population, pbt_elo to run, in this order.")
     parser.add_argument("--train_dir", default="train_dir/selfplay")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
     args, extra = parser.parse_known_args()
     extra = [flag for flag in extra if flag != "--"]
-    modes = {"pool": POOL_FLAGS, "latest": []}
+    modes = {"pool": POOL_FLAGS, "latest": [], "population": POPULATION_FLAGS, "pbt_elo": PBT_ELO_FLAGS}
     results: dict[str, list[dict]] = {mode: [] for mode in args.modes.split(",")}
     results["untrained"] = []
     for run in range(args.runs):
@@ -85,7 +100,9 @@ def main() -> None:
     for mode, runs in results.items():
         rates = [r["win_rate"] for r in runs]
         each = " / ".join(f"{rate:.1%}" for rate in rates)
-        print(f"  {mode:9s} {each}   median {statistics.median(rates):.1%}")
+        means = [r["mean_win_rate"] for r in runs if "mean_win_rate" in r]
+        mean = f", mean over the policies {statistics.median(means):.1%}" if means else ""
+        print(f"  {mode:10s} {each}   median {statistics.median(rates):.1%}{mean}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"seconds": args.seconds, "games": args.games, "pool_flags": POOL_FLAGS, "extra_flags": extra,
