@@ -128,13 +128,14 @@ def test_a_flat_bottom_explores_from_its_own_values():
 def test_a_lead_within_the_noise_replaces_nobody():
     assert pbt.difference_error([3.0, None, 4.0]) == pytest.approx(5.0)
     assert pbt.difference_error([None, None]) == 0.0
-    assert pbt.replacement_gap_met(100.0, 80.0, 0.1, 0.0, standard_error=9.0)  # 20 > 2 * 9
-    assert not pbt.replacement_gap_met(100.0, 80.0, 0.1, 0.0, standard_error=11.0)
+    assert pbt.replacement_gap_met(100.0, 80.0, 0.1, 0.0, noise=18.0)
+    assert not pbt.replacement_gap_met(100.0, 80.0, 0.1, 0.0, noise=22.0)
     objectives = [100.0, 80.0]
     cases = [([15.0, 15.0], "mutate"), ([1.0, 1.0], "replace"), ([None, None], "replace"), (None, "replace"),
              ([None, 9.0], "replace"), ([None, 11.0], "mutate")]  # the gap is 20: replaced when 2 se are below it
     for errors, kind in cases:
-        events = pbt.decide([5000] * 2, objectives, members(2), settings(), random.Random(0), errors)
+        events = pbt.decide([5000] * 2, objectives, members(2), settings(replace_confidence=2.0), random.Random(0),
+                            errors)
         assert next(e.kind for e in events if e.policy == 1) == kind, errors
 
 

@@ -11,7 +11,8 @@ from tensorboardX.proto import event_pb2
 PBT = ["--env=CartPole-v1", "--experiment=pbt", "--num_policies=3", "--with_pbt=True", "--num_workers=2",
        "--num_envs_per_worker=6", "--worker_num_splits=3", "--report_interval=1", "--stats_avg=10",
        "--pbt_period_env_steps=4000", "--pbt_start_mutation=4000", "--pbt_mutation_rate=1.0",
-       "--pbt_replace_reward_gap=0", "--pbt_replace_reward_gap_absolute=0", "--batch_size=512",
+       "--pbt_replace_reward_gap=0", "--pbt_replace_reward_gap_absolute=0", "--pbt_replace_confidence=0",
+       "--batch_size=512",
        "--decorrelate_envs_on_one_worker=False", "--experiment_summaries_interval=1"]
 
 
@@ -43,7 +44,9 @@ def test_pbt_replaces_and_mutates_and_survives_a_resume(trainer):
     exp_dir = os.path.join(trainer.train_dir, "pbt")
     events = history(exp_dir)
     replaced = [e for e in events if e["kind"] == "replace"]
-    assert replaced and any(e["kind"] == "mutate" for e in events)
+    # With every gap at 0 a bottom policy always has a leader to take over, so it explores from the leader's values
+    # ("replace"); exploring alone ("mutate", nobody far enough ahead) is pinned by tests/test_pbt.py.
+    assert replaced
     for event in replaced:  # a bottom policy took a better one's weights, and the learner did it
         assert event["objectives"][event["donor"]] > event["objectives"][event["policy"]]
         assert f"PBT: policy {event['policy']} ({event['env_steps']} env steps" in result.stdout

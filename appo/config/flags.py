@@ -323,13 +323,17 @@ class Config:
     pbt_replace_reward_gap: float = flag(0.1, PBT,
                                          "A bottom policy is replaced only if the top one's objective exceeds its own "
                                          "by this fraction of the larger magnitude of the two (works for negative "
-                                         "returns too), by more than --pbt_replace_reward_gap_absolute, and by 2 "
-                                         "standard errors of the difference of the two (their episodes' noise).",
+                                         "returns too), by more than --pbt_replace_reward_gap_absolute, and by "
+                                         "--pbt_replace_confidence standard errors (their episodes' noise).",
                                          valid="[0, inf)")
     pbt_replace_reward_gap_absolute: float = flag(1e-6, PBT,
                                                   "The least amount by which the top policy's objective must exceed a "
                                                   "bottom one's for a replacement (see --pbt_replace_reward_gap).",
                                                   valid="[0, inf)")
+    pbt_replace_confidence: float = flag(2.0, PBT,
+                                         "A replacement also needs the top policy's objective ahead by this many "
+                                         "standard errors of the difference of the two means (each over --stats_avg "
+                                         "episodes), so that a lead is not noise; 0: the gaps alone.", valid="[0, inf)")
     pbt_optimize_gamma: bool = flag(False, PBT, "Let PBT mutate the discount factor too.")
     pbt_perturb_min: float = flag(1.2, PBT,
                                   "A perturbed value is multiplied or divided (even odds) by a factor drawn from "

@@ -200,6 +200,7 @@ class RunnerConfig(RoleView):
     pbt_resample_probability: float
     pbt_replace_reward_gap: float
     pbt_replace_reward_gap_absolute: float
+    pbt_replace_confidence: float
     pbt_perturb_min: float
     pbt_perturb_max: float
     pbt_optimize_gamma: bool

@@ -10,7 +10,7 @@ the population by its objective (the mean over its last `--stats_avg` episodes).
 the PBT paper (Jaderberg et al., 2017), with `k = replace_count(N, --pbt_replace_fraction)`:
 - in the top `k` it is left alone;
 - in the bottom `k`, and far enough below a random top policy (`replacement_gap_met`: by a relative and an
-  absolute gap, and by CONFIDENCE_Z standard errors of the two objectives), it takes over that policy's
+  absolute gap, and by --pbt_replace_confidence standard errors of the two objectives), it takes over that policy's
   weights, optimizer state, hyper-parameters and reward shaping, then explores from them;
 - in the bottom `k` with no top policy far enough ahead, it explores from its own values (a population whose
   objectives are all alike must still move, or a bad start common to all is never left);
@@ -110,13 +110,14 @@ class Settings:
     perturb_max: float
     shaping_bounds: dict[str, Bounds] = field(default_factory=dict)  # SHAPING_BOUNDS for the rest
     resample_probability: float = 0.0  # 0: perturb only
+    replace_confidence: float = 0.0  # standard errors a lead must exceed; 0: the other gaps alone
 
     @staticmethod
     def from_cfg(cfg, shaping_bounds: dict[str, Bounds] | None = None) -> Settings:
         return Settings(cfg.pbt_period_env_steps, cfg.pbt_start_mutation, cfg.pbt_replace_fraction,
                         cfg.pbt_mutation_rate, cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute,
                         cfg.pbt_perturb_min, cfg.pbt_perturb_max, dict(shaping_bounds or {}),
-                        cfg.pbt_resample_probability)
+                        cfg.pbt_resample_probability, cfg.pbt_replace_confidence)
 
 
 @dataclass
@@ -183,23 +184,18 @@ def replace_count(num_policies: int, fraction: float) -> int:
     return min(num_policies // 2, max(1, math.ceil(round(fraction * num_policies, 9))))
 
 
-# How many standard errors of their difference the best objective must be ahead of the worst for a replacement.
-# Objectives are means of a few noisy episodes; two policies that learn equally well differ by more than 2 standard
-# errors in about 2% of decisions (one-sided, normal), so replacements are made on a real lead. A wrong
-# replacement throws away a policy's progress and the population's diversity; a missed one costs one period.
-CONFIDENCE_Z = 2.0
-
-
-def replacement_gap_met(best: float, worst: float, relative: float, absolute: float,
-                        standard_error: float = 0.0) -> bool:
+def replacement_gap_met(best: float, worst: float, relative: float, absolute: float, noise: float = 0.0) -> bool:
     """Whether `worst` is far enough below `best` to be replaced: by more than `absolute`, `relative` of the
-    larger magnitude, and CONFIDENCE_Z times `standard_error` (of the difference; `difference_error`).
+    larger magnitude, and `noise` (--pbt_replace_confidence standard errors of the difference, `difference_error`:
+    objectives are means of a few noisy episodes, and two policies that learn equally well differ by more than 2
+    standard errors in about 2% of decisions; a wrong replacement throws away a policy's progress and the
+    population's diversity, a missed one costs one period).
 
     The relative gap is measured against the larger magnitude of the two, so it means the same for
     positive, negative and mixed returns (dividing by `best` alone, as Sample Factory does, turns the test
     around when the best return is negative and explodes when it is near 0)."""
     gap = best - worst
-    return gap > absolute and gap > relative * max(abs(best), abs(worst)) and gap > CONFIDENCE_Z * standard_error
+    return gap > absolute and gap > relative * max(abs(best), abs(worst)) and gap > noise
 
 
 def difference_error(errors: list[float | None]) -> float:
@@ -294,7 +290,7 @@ def decide(env_steps: list[int], objectives: list[float | None], members: list[M
                                 shaping_after=member.shaping))
             continue
         candidate = rng.choice(ranked[:k])
-        noise = difference_error([errors[candidate], errors[policy]])
+        noise = settings.replace_confidence * difference_error([errors[candidate], errors[policy]])
         donor = candidate if replacement_gap_met(objectives[candidate], objectives[policy], settings.replace_reward_gap,
                                                  settings.replace_reward_gap_absolute, noise) else None
         hyperparams_after, shaping_after = explore_member(members[policy if donor is None else donor], settings, rng)
