@@ -199,7 +199,7 @@ def write_report(records: list[dict], out: str) -> str:
     markdown = table(records)
     seeds = len({record["seed"] for record in records})
     with open(os.path.join(out, "pbt_suite.md"), "w") as f:
-        f.write(f"# PBT benchmark ({seeds} seeds, {os.cpu_count()}-core machine)\n\n"
+        f.write(f"# PBT benchmark (up to {seeds} seeds per cell, {os.cpu_count()}-core machine)\n\n"
                 "Each cell: runs that reached the threshold, median time from launch to the best policy reaching "
                 "it, median final return of the best policy. Made by `python scripts/pbt_suite.py` (see its "
                 f"docstring).\n\n{markdown}\n\n![median time to threshold](pbt_suite.png)\n")
