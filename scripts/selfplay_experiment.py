@@ -32,7 +32,7 @@ from time_to_solve import run_trainer  # noqa: E402
 
 from appo.config.cfg import parse_config  # noqa: E402
 from appo.learning.model import ActorCritic  # noqa: E402
-from appo.learning.trained_policy import TrainedPolicy, load_policy  # noqa: E402
+from appo.learning.trained_policy import TrainedPolicy, load_policy, run_cfg  # noqa: E402
 from envs import env_info  # noqa: E402
 from envs.duel import evaluate  # noqa: E402
 
@@ -61,8 +61,9 @@ def train_and_score(name: str, flags: list[str], seed: int, seconds: float, game
     if run.returncode != 0:
         raise SystemExit(f"{name} failed (exit {run.returncode}):\n{run.output[-3000:]}")
     policies, scores = [], []
-    for policy_id in range(POLICIES if "--num_policies=4" in flags else 1):
-        policies.append(load_policy(os.path.join(train_dir, name), policy_id))
+    exp_dir = os.path.join(train_dir, name)
+    for policy_id in range(run_cfg(exp_dir).num_policies):
+        policies.append(load_policy(exp_dir, policy_id))
         scores.append(evaluate(lambda obs, p=policies[-1]: p.act(obs, deterministic=True), games=games,
                                seed=10_000 + seed))
     best = max(range(len(scores)), key=lambda p: scores[p]["win_rate"])

@@ -36,6 +36,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
 
 from appo.config.hyperparams import Hyperparams
@@ -228,8 +229,8 @@ def draw_from_prior(bounds: Bounds, rng: random.Random) -> float:
     return min(bounds.high, max(bounds.low, new))
 
 
-def explore(values: dict, bounds: dict, rng: random.Random, settings: Settings,
-            default: Bounds | None = None) -> dict:
+def explore(values: dict[Hashable, float], bounds: dict[Hashable, Bounds], rng: random.Random, settings: Settings,
+            default: Bounds | None = None) -> dict[Hashable, float]:
     """Each value chosen with probability --pbt_mutation_rate, one chosen at random if none was; a chosen value
     is redrawn from its prior with probability --pbt_resample_probability (when it has one), else perturbed.
     Within `bounds[name]` (else `default`)."""
