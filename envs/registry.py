@@ -2,6 +2,7 @@
 
 Resolution order:
 1. `atari_<game>` names (`atari_breakout`, ...): ale-py with DeepMind preprocessing (`envs/atari.py`);
+   `doom_<scenario>` names (`doom_basic`, ...): ViZDoom (`envs/doom/`);
    names registered with `register_env(name, make_fn)` (the built-in synthetic and multi-agent envs
    are registered on import of `envs`; user code can add its own);
 2. `package.module:function` where `function` is a callable in that module: it is called to make the env.
@@ -88,9 +89,12 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     from envs.atari import is_atari_name, make_atari
+    from envs.doom import is_doom_name, make_doom
 
     if is_atari_name(env_id):
         return make_atari(env_id, **kwargs)
+    if is_doom_name(env_id):
+        return make_doom(env_id, **kwargs)
     make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
     if make_fn is not None:
         return _as_gym_env(env_id, make_fn(**kwargs))
