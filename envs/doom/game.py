@@ -39,11 +39,13 @@ def import_vizdoom(env_name: str):
 @cache
 def engine_wrapper(real_engine: str) -> str:
     """An executable that ViZDoom starts instead of its engine: it execs `engine_guard.py` (this Python, isolated,
-    no site-packages) with the controller's pid and the real engine. Written once per user and interpreter."""
+    no site-packages) with the controller's pid and the real engine, in a private folder. Written once per user,
+    interpreter and engine."""
     guard = Path(__file__).with_name("engine_guard.py")
-    text = f'#!/bin/sh\nexec "{sys.executable}" -I -S "{guard}" "$PPID" "{real_engine}" "$@"\n'
     folder = Path(tempfile.gettempdir()) / f"appo-doom-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
+    # The engine writes its settings (_vizdoom.ini) into its working directory: this folder, not the user's.
+    text = f'#!/bin/sh\ncd "{folder}" && exec "{sys.executable}" -I -S "{guard}" "$PPID" "{real_engine}" "$@"\n'
     path = folder / f"engine-{hashlib.sha1(text.encode()).hexdigest()[:12]}.sh"
     if not path.exists() or path.read_text() != text:
         partial = path.with_suffix(f".{os.getpid()}")
