@@ -170,18 +170,23 @@ CHECKPOINT_OVERHEAD = 16 * 2**10  # a checkpoint's bytes besides its tensors (na
 
 def check_room(cfg: Config, info: EnvInfo) -> None:
     """Before anything is created: can /dev/shm hold the run's weights segments (one per policy and self-play
-    snapshot; a container gets 64 MB by default) and --train_dir's filesystem its checkpoints (weights, Adam's two
-    moments, the snapshot pool)? When either has less than ROOM_CHECK_BELOW free, the model is built once in a
-    short-lived child (torch stays out of this process) to know its size; a run that cannot fit is a ConfigError
-    naming both numbers and the fix (exit code 2, nothing written)."""
+    snapshot; a container gets 64 MB by default) and what its envs keep there (EnvInfo.shm_bytes_per_env), and
+    --train_dir's filesystem its checkpoints (weights, Adam's two moments, the snapshot pool)? When either has less
+    than ROOM_CHECK_BELOW free, the model is built once in a short-lived child (torch stays out of this process) to
+    know its size; a run that cannot fit is a ConfigError naming both numbers and the fix (exit code 2, nothing
+    written)."""
     shm_free, disk_free = free_bytes(SHM_DIR), free_bytes(cfg.train_dir)
     if min(shm_free, disk_free) >= ROOM_CHECK_BELOW:
         return
     nbytes = weights_bytes_in_child((info.obs_space, info.action_space), cfg)
     acting = num_acting_ids(cfg)
-    if acting * nbytes > shm_free:
+    envs = cfg.num_workers * cfg.num_envs_per_worker
+    shm_need = acting * nbytes + envs * info.shm_bytes_per_env
+    if shm_need > shm_free:
+        games = (f" and {envs} env{'s' * (envs > 1)} ({mb(info.shm_bytes_per_env)} each: the env's engine)"
+                 if info.shm_bytes_per_env else "")
         raise ConfigError(f"/dev/shm is too small for this run: {acting} weights segment{'s' * (acting > 1)} (one "
-                          f"per policy and self-play snapshot, {mb(nbytes)} each) need {mb(acting * nbytes)}, "
+                          f"per policy and self-play snapshot, {mb(nbytes)} each){games} need {mb(shm_need)}, "
                           f"{shm_room()}")
     # Weights and Adam's two moments, plus the snapshot pool; --keep_checkpoints of them and the one being written.
     checkpoint = (3 + cfg.self_play_opponents) * nbytes + CHECKPOINT_OVERHEAD

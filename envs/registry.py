@@ -140,6 +140,7 @@ class EnvInfo:
     reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
     reward_shaping_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # (low, high), if declared
     step_seconds: float | None = None  # one env step with random actions, when measured
+    shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
 
 
 def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False) -> EnvInfo:
@@ -150,7 +151,8 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
         num_agents = int(getattr(env, "num_agents", 1))
         step_seconds = _guarded_step_seconds(env, num_agents) if measure_step else None
         return EnvInfo(env.observation_space, env.action_space, num_agents, int(getattr(env, "frames_per_step", 1)),
-                       *reward_shaping(env), step_seconds=step_seconds)
+                       *reward_shaping(env), step_seconds=step_seconds,
+                       shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)))
     finally:
         env.close()
 

@@ -31,6 +31,9 @@ from envs.doom.game import Network, add_bots, bot_names, cfg_buttons, free_udp_p
 from envs.doom.scenarios import Scenario
 
 FRAME_SKIP = 4
+# An engine's /dev/shm entries: a 10.7 MB segment sized for the largest screen, of which a 160x120 game writes
+# (so tmpfs counts) about 96 KB, measured here (10 games in a 2 MB tmpfs used 960 KB); rounded up.
+SHM_BYTES_PER_GAME = 128 * 2**10
 OBS_WIDTH, OBS_HEIGHT = 128, 72
 # game variable -> its scale in the measurements vector
 MEASUREMENTS = {"HEALTH": 100.0, "SELECTED_WEAPON_AMMO": 50.0}
@@ -42,6 +45,7 @@ class DoomEnv(gym.Env):
     """One ViZDoom scenario; see the module docstring. The engine starts at the first reset."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 35}
+    shm_bytes_per_env = SHM_BYTES_PER_GAME
 
     def __init__(self, name: str, scenario: Scenario, frame_skip: int = FRAME_SKIP, num_bots: int | None = None,
                  bot_skill: float | None = None, episode_tics: int | None = None,
