@@ -1,0 +1,185 @@
+"""Doom (envs/doom/): every scenario builds, steps and resets; actions and measurements; the deathmatch reward;
+engines cleaned up after close and after kill -9 of their owner; the missing extra named."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from envs import EnvError, make_env
+from envs.doom import shaping
+from envs.doom.actions import FULL_BUTTONS, TURN_BINS, ActionSet
+from envs.doom.engine_guard import instance_id, remove_engine_shm
+from envs.doom.scenarios import SCENARIOS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def engines() -> set[str]:
+    return set(subprocess.run(["pgrep", "-x", "vizdoom"], capture_output=True, text=True).stdout.split())
+
+
+def engine_shm() -> list[str]:
+    return glob.glob("/dev/shm/ViZDoom*")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    before_engines, before_shm = engines(), set(engine_shm())
+    yield
+    deadline = time.monotonic() + 5
+    while (engines() - before_engines or set(engine_shm()) - before_shm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not engines() - before_engines and not set(engine_shm()) - before_shm
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_scenario_builds_steps_and_resets(scenario):
+    env = make_env(f"doom_{scenario}")
+    try:
+        obs, _ = env.reset(seed=3)
+        assert obs in env.observation_space and obs["obs"].shape == (3, 72, 128)
+        assert obs["obs"].std() > 0  # a rendered screen, not a blank one
+        assert np.isfinite(obs["measurements"]).all() and 0 < obs["measurements"][0] <= 1  # health, at most 100
+        env.action_space.seed(0)
+        for _ in range(30):
+            obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            assert obs in env.observation_space and np.isfinite(reward)
+            if terminated or truncated:
+                env.reset()
+        env.reset()
+    finally:
+        env.close()
+
+
+def test_basic_rewards_and_episode_end_in_its_own_units():
+    """basic: -1 a tic (4 a step) until the monster dies or 300 tics pass; truncated at the timeout."""
+    env = make_env("doom_basic")
+    try:
+        env.reset(seed=0)
+        rewards, truncated, terminated = [], False, False
+        while not (terminated or truncated):
+            _, reward, terminated, truncated, _ = env.step(np.array([0, 0]))  # stand still, never shoot
+            rewards.append(reward)
+        assert truncated and not terminated
+        assert set(rewards) == {-4.0} and 70 <= len(rewards) <= 75  # 300 tics minus the start, 4 a step
+    finally:
+        env.close()
+
+
+def test_action_groups_exclude_opposites():
+    basic = ActionSet(["MOVE_LEFT", "MOVE_RIGHT", "ATTACK"])
+    assert basic.space.nvec.tolist() == [3, 2]
+    presses = {tuple(basic.to_buttons(np.array([move, attack]))) for move in range(3) for attack in range(2)}
+    assert len(presses) == 6 and all(not (left and right) for left, right, _ in presses)
+    full = ActionSet(FULL_BUTTONS)
+    assert full.space.nvec.tolist() == [3, 3, 2, 2, 3, TURN_BINS]
+    turn = FULL_BUTTONS.index("TURN_LEFT_RIGHT_DELTA")
+    turns = [full.to_buttons(np.array([0, 0, 0, 0, 0, k]))[turn] for k in range(TURN_BINS)]
+    assert turns == sorted(turns) and turns[TURN_BINS // 2] == 0 and turns[0] == -turns[-1]
+    assert full.to_buttons(np.array([2, 1, 1, 0, 0, TURN_BINS // 2])) == [0, 1, 1, 0, 1, 0, 0, 0, 0]
+
+
+def test_each_action_reaches_the_game():
+    """Turning right then left in defend_the_center comes back to the same view; attacking spends a bullet."""
+    env = make_env("doom_defend_the_center")
+    try:
+        obs, _ = env.reset(seed=1)
+        right, left, attack = np.array([2, 0]), np.array([1, 0]), np.array([0, 1])
+        turned, _, _, _, _ = env.step(right)
+        back, _, _, _, _ = env.step(left)
+        assert np.abs(turned["obs"].astype(int) - obs["obs"]).mean() > 5
+        ammo = back["measurements"][1]
+        for _ in range(3):
+            shot, *_ = env.step(attack)
+        assert shot["measurements"][1] < ammo
+    finally:
+        env.close()
+
+
+def counters(**values) -> np.ndarray:
+    row = np.zeros(len(shaping.COUNTERS))
+    for name, value in values.items():
+        row[shaping.COUNTERS.index(name)] = value
+    return row
+
+
+def test_deathmatch_reward_from_counters():
+    c = shaping.DEFAULTS
+    before = counters(HEALTH=50, AMMO2=20, WEAPON2=1)
+    assert shaping.shaped_reward(before, counters(FRAGCOUNT=1, HEALTH=50, AMMO2=20, WEAPON2=1), c) == c["frag"]
+    picked = counters(HEALTH=75, AMMO2=120, WEAPON2=1, WEAPON3=1, DAMAGECOUNT=30)
+    assert shaping.shaped_reward(before, picked, c) == pytest.approx(
+        25 * c["health_pickup"] + 0.5 * c["ammo_pickup"] + c["weapon_pickup"] + 30 * c["damage_dealt"])
+    # A death resets health, ammunition and weapons: no pickups are paid on that step, the death is.
+    respawned = counters(DEATHCOUNT=1, HEALTH=100, AMMO2=50, WEAPON2=1)
+    assert shaping.shaped_reward(before, respawned, c) == c["death"]
+    stats = shaping.match_stats(counters(FRAGCOUNT=2, DEATHCOUNT=5), counters(FRAGCOUNT=7, DEATHCOUNT=8), 4.0)
+    assert stats == {"frags": 5, "deaths": 3, "frag_difference": 1, "damage_dealt": 0}
+
+
+def test_bot_match_reports_frags_and_takes_new_shaping():
+    env = make_env("doom_multi_duel", {"episode_tics": 140, "bot_skill": 50})
+    try:
+        assert set(env.get_reward_shaping()) == set(shaping.DEFAULTS)
+        assert env.get_reward_shaping_bounds() == shaping.BOUNDS
+        env.set_reward_shaping({"frag": 2.0})
+        assert env.get_reward_shaping()["frag"] == 2.0
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        for _ in range(40):
+            _, _, terminated, truncated, info = env.step(env.action_space.sample())
+            if terminated or truncated:
+                break
+        assert truncated and set(info["episode_extra_stats"]) == {"frags", "deaths", "frag_difference",
+                                                                  "damage_dealt"}
+        assert info["true_objective"] == info["episode_extra_stats"]["frags"]
+    finally:
+        env.close()
+
+
+def test_unknown_scenario_and_bad_options_are_one_line_errors():
+    with pytest.raises(EnvError, match="unknown Doom scenario; use one of doom_basic"):
+        make_env("doom_nonesuch")
+    with pytest.raises(EnvError, match="--env_kwargs for doom_basic"):
+        make_env("doom_basic", {"no_such_option": 1})
+
+
+def test_missing_vizdoom_names_the_extra(tmp_path):
+    code = "import sys; sys.modules['vizdoom'] = None\nfrom envs import make_env\nmake_env('doom_basic')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and 'needs vizdoom; install it with: pip install -e ".[doom]"' in result.stderr
+
+
+def test_kill_9_of_the_owner_leaves_no_engine_and_no_shm():
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import time
+        from envs import make_env
+        envs = [make_env(name) for name in ("doom_basic", "doom_basic", "doom_multi_duel")]
+        for env in envs:
+            env.reset()
+        print("ready", flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "ready"
+        assert len(engines()) >= 3 and len(engine_shm()) >= 9
+        os.kill(owner.pid, signal.SIGKILL)
+    finally:
+        owner.kill()
+        owner.wait()
+    # the autouse fixture checks that every engine and /dev/shm entry goes within 5 s
+
+
+def test_guard_finds_the_games_shm(tmp_path):
+    assert instance_id(["-iwad", "x.wad", "+viz_instance_id", "AbC123", "-nosound"]) == "AbC123"
+    for name in ("ViZDoomSMAbC123", "ViZDoomMQCtrAbC123", "ViZDoomMQDoomAbC123", "ViZDoomSMother"):
+        (tmp_path / name).write_bytes(b"")
+    assert remove_engine_shm("AbC123", str(tmp_path)) == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["ViZDoomSMother"]
