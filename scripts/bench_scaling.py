@@ -1,10 +1,11 @@
-"""Scaling with the number of workers on the synthetic sleep env, against plain processes.
+"""Scaling with the number of workers, against plain processes: the synthetic sleep env by default, or any env.
 
-For each worker count: the raw limit (that many plain processes stepping 8 sleep envs each, 1 ms per
-step) and the sampler-only trainer with the same workers, next to ideal linear scaling from one
-plain process. Prints a table, saves it as JSON and plots it as PNG.
+For each worker count: the raw limit (that many plain processes stepping 8 envs each; the sleep env takes 1 ms
+per step) and the sampler-only trainer with the same workers, next to ideal linear scaling from one plain
+process. Prints a table, saves it as JSON and plots it as PNG.
 
     python scripts/bench_scaling.py --max_workers=64 --out=docs/scaling
+    python scripts/bench_scaling.py --env=doom_basic --max_workers=4 --out=docs/scaling_doom
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from bench_common import env_steps_for, raw_limit, sampler_only_fps
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="sleep_env")
     parser.add_argument("--max_workers", type=int, default=64)
     parser.add_argument("--num_envs_per_worker", type=int, default=8)
-    parser.add_argument("--step_seconds", type=float, default=0.001)
+    parser.add_argument("--step_seconds", type=float, default=0.001, help="The sleep env's step time.")
     parser.add_argument("--seconds", type=float, default=8.0, help="Length of each raw-limit measurement.")
     parser.add_argument("--out", default="scaling", help="Writes OUT.json and OUT.png.")
     parser.add_argument("trainer_args", nargs="*", help="Extra flags for appo.train (after --).")
     args = parser.parse_args()
-    env_kwargs = {"step_seconds": args.step_seconds}
+    env_kwargs = {"step_seconds": args.step_seconds} if args.env == "sleep_env" else {}
 
     counts = []
     n = 1
@@ -34,9 +36,9 @@ def main() -> None:
     rows = []
     print(f"{'workers':>7} {'ideal':>10} {'raw limit':>10} {'trainer':>10} {'trainer/raw':>11}  bottleneck")
     for workers in counts:
-        raw = raw_limit("sleep_env", workers, args.num_envs_per_worker, args.seconds, env_kwargs)
-        summary = sampler_only_fps("sleep_env", workers, args.num_envs_per_worker,
-                                   max(2000, env_steps_for("sleep_env", raw, args.seconds, env_kwargs)),
+        raw = raw_limit(args.env, workers, args.num_envs_per_worker, args.seconds, env_kwargs)
+        summary = sampler_only_fps(args.env, workers, args.num_envs_per_worker,
+                                   max(2000, env_steps_for(args.env, raw, args.seconds, env_kwargs)),
                                    args.trainer_args, env_kwargs)
         ideal = (rows[0]["raw"] if rows else raw) * workers
         row = {"workers": workers, "ideal": ideal, "raw": raw, "trainer": summary["env_frames_per_s"],
@@ -46,7 +48,7 @@ def main() -> None:
               f"{row['bottleneck']}", flush=True)
 
     with open(f"{args.out}.json", "w") as f:
-        json.dump({"env": "sleep_env", "env_kwargs": env_kwargs, "num_envs_per_worker": args.num_envs_per_worker,
+        json.dump({"env": args.env, "env_kwargs": env_kwargs, "num_envs_per_worker": args.num_envs_per_worker,
                    "rows": rows}, f, indent=2)
     try:
         import matplotlib
@@ -63,7 +65,8 @@ def main() -> None:
         ax.plot(workers, [r[key] for r in rows], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("actor workers (8 envs each, 1 ms per step)")
+    step = f", {args.step_seconds * 1e3:g} ms per step" if args.env == "sleep_env" else ""
+    ax.set_xlabel(f"actor workers ({args.num_envs_per_worker} envs each of {args.env}{step})")
     ax.set_ylabel("env frames / s")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)

@@ -73,6 +73,21 @@ def test_basic_rewards_and_episode_end_in_its_own_units():
         env.close()
 
 
+def test_every_tic_rendered_for_videos():
+    """rgb_array_list (appo.enjoy's videos): each step plays its 4 tics one at a time and keeps every screen at the
+    game's own 160x120; the reward is the frame-skipped step's."""
+    env = make_env("doom_basic", render_mode="rgb_array_list")
+    try:
+        env.reset(seed=0)
+        assert len(env.render()) == 1
+        _, reward, *_ = env.step(np.array([0, 0]))
+        frames = env.render()
+        assert reward == -4.0 and len(frames) == 4 and frames[0].shape == (120, 160, 3)
+        assert env.render() == []
+    finally:
+        env.close()
+
+
 def test_action_groups_exclude_opposites():
     basic = ActionSet(["MOVE_LEFT", "MOVE_RIGHT", "ATTACK"])
     assert basic.space.nvec.tolist() == [3, 2]

@@ -4,8 +4,9 @@
 
 Loads the newest intact checkpoint (or `--checkpoint`) with the run's `cfg.json`, plays `--episodes`
 episodes and prints the mean and std of the return and length. `--save_video` writes an mp4 of the env's
-`render_mode="rgb_array"` frames (Atari: the full-resolution screen, not the 84x84 input), or of the
-observations when the env renders none but observes images. Multi-agent envs are played with every agent
+`render_mode="rgb_array"` frames (Atari: the full-resolution screen, not the 84x84 input), or of every frame the
+env renders when it offers `"rgb_array_list"` (Doom: each tic of a frame-skipped step, at 35 frames a second), or
+of the observations when the env renders none but observes images. Multi-agent envs are played with every agent
 on the chosen `--policy`; an episode's return is the mean over its agents.
 """
 
@@ -66,9 +67,11 @@ class Recorder:
         self.frames, self.size = 0, (0, 0)
 
     def capture(self, obs) -> None:
-        frame = np.asarray(self.env.render() if self.from_render else image_from_obs(obs), dtype=np.uint8)
-        self.writer.append_data(frame)
-        self.frames, self.size = self.frames + 1, (frame.shape[1], frame.shape[0])
+        rendered = self.env.render() if self.from_render else image_from_obs(obs)
+        for frame in rendered if isinstance(rendered, list) else [rendered]:  # rgb_array_list: every frame
+            frame = np.asarray(frame, dtype=np.uint8)
+            self.writer.append_data(frame)
+            self.frames, self.size = self.frames + 1, (frame.shape[1], frame.shape[0])
 
     def close(self) -> None:
         self.writer.close()
@@ -93,7 +96,11 @@ def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | No
         return make_env(policy.cfg.env, kwargs), None
     try:
         env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array")
-        if "rgb_array" in env.metadata.get("render_modes", []):
+        modes = env.metadata.get("render_modes", [])
+        if "rgb_array_list" in modes:
+            env.close()
+            env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array_list")
+        if "rgb_array" in modes or "rgb_array_list" in modes:
             return env, Recorder(env, True, video_path, fps or video_fps(env))
         env.close()
     except TypeError:  # a make function without a render_mode argument
@@ -108,9 +115,13 @@ def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | No
 
 
 def video_fps(env: gym.Env) -> float:
-    """Real time: the env's render_fps over the emulator frames one step advances (Atari's frame skip)."""
+    """Real time: the env's render_fps, over the emulator frames one step advances (Atari's frame skip) when only
+    a step's last frame is rendered."""
     render_fps = env.metadata.get("render_fps")
-    return float(render_fps) / int(getattr(env, "frames_per_step", 1)) if render_fps else 30.0
+    if not render_fps:
+        return 30.0
+    every_frame = getattr(env, "render_mode", None) == "rgb_array_list"
+    return float(render_fps) / (1 if every_frame else int(getattr(env, "frames_per_step", 1)))
 
 
 def summary(episodes: list[Episode]) -> str:

@@ -44,14 +44,14 @@ DEATHMATCH_MEASUREMENTS = {"HEALTH": 100.0, "ARMOR": 100.0, "SELECTED_WEAPON": 7
 class DoomEnv(gym.Env):
     """One ViZDoom scenario; see the module docstring. The engine starts at the first reset."""
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 35}
+    metadata = {"render_modes": ["rgb_array", "rgb_array_list"], "render_fps": 35}
     shm_bytes_per_env = SHM_BYTES_PER_GAME
 
     def __init__(self, name: str, scenario: Scenario, frame_skip: int = FRAME_SKIP, num_bots: int | None = None,
                  bot_skill: float | None = None, episode_tics: int | None = None,
                  reward_shaping: dict[str, float] | None = None, render_mode: str | None = None):
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode={render_mode!r}: only 'rgb_array' (or None)")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode={render_mode!r}: one of {self.metadata['render_modes']} (or None)")
         if frame_skip < 1:
             raise ValueError(f"frame_skip={frame_skip}: must be at least 1")
         self.name, self.scenario, self.render_mode = name, scenario, render_mode
@@ -72,6 +72,7 @@ class DoomEnv(gym.Env):
         self._start_error: BaseException | None = None
         self._screen = np.zeros((3, OBS_HEIGHT, OBS_WIDTH), dtype=np.uint8)
         self._frame: np.ndarray | None = None
+        self._frames: list[np.ndarray] = []  # rgb_array_list: the tics since the last render()
         if self.actions is None:  # the .cfg's buttons: read them without starting the engine
             self._buttons = cfg_buttons(name, scenario.cfg)
             self.actions = ActionSet(self._buttons)
@@ -118,13 +119,17 @@ class DoomEnv(gym.Env):
         if self.hosted:
             add_bots(self.game, self.bots)
         obs = self._observe()
+        self._frames = [self._frame] if self.render_mode == "rgb_array_list" else []
         self._counters = self._episode_start = self._variables_now[self._counter_index]
         self._opponents_start = opponent_frags(self.game) if self.hosted else None
         return obs, {}
 
     def step(self, action):
         buttons = self.actions.to_buttons(action)
-        reward = self.game.make_action(buttons, self.frames_per_step)
+        if self.render_mode == "rgb_array_list":
+            reward = self._play_every_tic(buttons)
+        else:
+            reward = self.game.make_action(buttons, self.frames_per_step)
         finished = self.game.is_episode_finished()
         info: dict[str, Any] = {}
         if self.hosted and not finished and self.game.is_player_dead():
@@ -140,6 +145,16 @@ class DoomEnv(gym.Env):
                 info = {"episode_extra_stats": stats, "true_objective": stats["frags"]}
         truncated = finished and self.game.is_episode_timeout_reached()
         return obs, float(reward), finished and not truncated, truncated, info
+
+    def _play_every_tic(self, buttons: list[float]) -> float:
+        """The step tic by tic (frame skip 1, the action held), keeping every tic's screen for render()."""
+        reward = 0.0
+        for _ in range(self.frames_per_step):
+            reward += self.game.make_action(buttons, 1)
+            if self.game.is_episode_finished():
+                break
+            self._frames.append(self.game.get_state().screen_buffer)
+        return reward
 
     def _observe(self) -> dict[str, np.ndarray]:
         import cv2
@@ -158,8 +173,12 @@ class DoomEnv(gym.Env):
         self._variables_now = np.array([self.game.get_game_variable(v) for v in self._variable_ids])
         return {"obs": self._screen, "measurements": self._measurements}
 
-    def render(self) -> np.ndarray | None:
-        """The last screen at the resolution the game renders (160x120 RGB), not the policy's 128x72."""
+    def render(self) -> np.ndarray | list[np.ndarray] | None:
+        """The screen at the resolution the game renders (160x120 RGB), not the policy's 128x72: the last one
+        ("rgb_array"), or every tic's since the last call ("rgb_array_list", gymnasium's convention)."""
+        if self.render_mode == "rgb_array_list":
+            frames, self._frames = self._frames, []
+            return frames
         return None if self.render_mode != "rgb_array" or self._frame is None else self._frame
 
     def close(self) -> None:
