@@ -161,7 +161,7 @@ class DoomEnv(gym.Env):
 
         state = self.game.get_state()
         self._frame = state.screen_buffer  # [120, 160, 3]
-        small = cv2.resize(self._frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_AREA)
+        small = cv2.resize(self._frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_LINEAR)
         self._screen = np.ascontiguousarray(small.transpose(2, 0, 1))
         self._variables_now = np.asarray(state.game_variables, dtype=np.float64)
         self._measurements = (self._variables_now[:len(self._scales)] / self._scales).astype(np.float32)
