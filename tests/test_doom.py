@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from envs import EnvError, make_env
@@ -190,6 +191,22 @@ def test_kill_9_of_the_owner_leaves_no_engine_and_no_shm():
         owner.kill()
         owner.wait()
     # the autouse fixture checks that every engine and /dev/shm entry goes within 5 s
+
+
+def test_sigterm_to_a_guard_stops_its_engine_and_removes_its_shm():
+    env = make_env("doom_basic")
+    try:
+        env.reset(seed=0)
+        guard = next(p for p in psutil.Process().children() if "engine_guard.py" in " ".join(p.cmdline()))
+        engine = guard.children()[0]
+        game_id = instance_id(engine.cmdline())
+        assert glob.glob(f"/dev/shm/ViZDoom*{game_id}")
+        guard.terminate()
+        guard.wait(5)
+        assert not engine.is_running()
+        assert not glob.glob(f"/dev/shm/ViZDoom*{game_id}")
+    finally:
+        env.close()
 
 
 def test_guard_finds_the_games_shm(tmp_path):

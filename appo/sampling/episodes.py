@@ -9,6 +9,7 @@ Writes no shared memory. Reads control.actors.agent_policy (who plays each env-a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -19,10 +20,19 @@ from appo.population.matchmaking import acting_name, num_acting_ids
 from utils.logs import log
 
 
-def extra_stats(info: dict) -> dict[str, float]:
-    """An env's own episode metrics: the numeric values of `info["episode_extra_stats"]` (a dict) at the end of
-    an episode; they are averaged per policy like the reward and written to tensorboard (episode_extra/)."""
-    extra = info.get("episode_extra_stats")
+def for_agent(value: Any, agent: int) -> Any:
+    """A value of a multi-agent env's last-step info that may be per agent: a list (tuple, 1-d array) holds one
+    entry per agent (None when it has none for `agent`); anything else is the same for every agent."""
+    if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1):
+        return value[agent] if agent < len(value) else None
+    return value
+
+
+def extra_stats(info: dict, agent: int = 0) -> dict[str, float]:
+    """An env's own episode metrics: the numeric values of `info["episode_extra_stats"]` at the end of an episode,
+    a dict, or a list of one dict per agent (`agent`'s is taken); they are averaged per policy like the reward and
+    written to tensorboard (episode_extra/)."""
+    extra = for_agent(info.get("episode_extra_stats"), agent)
     if not isinstance(extra, dict):
         return {}
     return {str(k): float(v) for k, v in extra.items() if isinstance(v, (int, float, np.number)) and math.isfinite(v)}
@@ -86,14 +96,14 @@ class EpisodeTracker:
         if true_score is None and getattr(env, "reports_true_episode_reward", False):
             return  # a life lost, not a game over: keep counting the game's return and length
         a, policies, returns, starts = self.num_agents, self.agent_policy[s], self.returns[s], self.starts[s]
-        extra = extra_stats(info)
         game_returns = []
         for j in range(i * a, (i + 1) * a):
             reward = float(returns[j] if true_score is None else true_score)
             game_returns.append(reward)
             if policies[j] < self.cfg.num_policies:
+                extra = extra_stats(info, j - i * a)
                 self.episodes.append(EpisodeEnd(int(policies[j]), reward, self.steps[s] - starts[j],
-                                                self._objective(info, extra, reward), extra))
+                                                self._objective(info, extra, reward, j - i * a), extra))
             returns[j] = 0.0
             starts[j] = self.steps[s]
         if a > 1 and self.num_acting > 1:
@@ -101,14 +111,15 @@ class EpisodeTracker:
             versions = self.policy_versions[slots[i * a:(i + 1) * a], t].tolist()
             self.games.append(GameEnd([acting_name(self.cfg, p, v) for p, v in zip(players, versions)], game_returns))
 
-    def _objective(self, info: dict, extra: dict[str, float], episode_reward: float) -> float | None:
+    def _objective(self, info: dict, extra: dict[str, float], episode_reward: float, agent: int) -> float | None:
         """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`
         at the episode's end, else the episode's return; or any numeric value the last step's info (or its
-        `episode_extra_stats`) names."""
+        `episode_extra_stats`) names. A list there holds one value per agent (`agent` is the env's agent)."""
         name = self.cfg.pbt_target_objective
         if name == "true_objective":
-            return float(info.get("true_objective", episode_reward))
-        value = info.get(name, extra.get(name))
+            value = for_agent(info.get("true_objective", episode_reward), agent)
+            return episode_reward if value is None else float(value)
+        value = for_agent(info.get(name, extra.get(name)), agent)
         return float(value) if isinstance(value, (int, float, np.number)) else None
 
     def take(self) -> tuple[list[EpisodeEnd], list[GameEnd], int]:

@@ -23,14 +23,19 @@ def is_doom_name(name: str) -> bool:
 
 def make_doom(name: str, **kwargs: Any):
     """The env for `--env=doom_<scenario>`; `kwargs` are DoomEnv's options (frame_skip, num_bots, bot_skill,
-    episode_tics, reward_shaping, render_mode)."""
+    episode_tics, reward_shaping, render_mode). With `num_agents` > 1 (hosted deathmatch maps only) it is a
+    DoomMatchEnv: that many learning agents in one match, each in its own game (envs/doom/multiplayer.py)."""
     scenario = SCENARIOS.get(name[len(DOOM_PREFIX):])
     if scenario is None:
         raise EnvError(f"--env={name}: unknown Doom scenario; use one of "
                        f"{', '.join(DOOM_PREFIX + key for key in SCENARIOS)}")
     from envs.doom.env import DoomEnv
+    from envs.doom.multiplayer import DoomMatchEnv
 
+    num_agents = kwargs.pop("num_agents", 1)
     try:
+        if num_agents > 1:
+            return DoomMatchEnv(name, scenario, num_agents=num_agents, **kwargs)
         return DoomEnv(name, scenario, **kwargs)
     except TypeError as exc:
         raise EnvError(f"--env_kwargs for {name}: {exc}") from exc

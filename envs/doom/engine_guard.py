@@ -11,7 +11,8 @@ this script in front of the real binary:
 - The guard waits on the controller process and on the engine (pidfds). When the controller exits first, the
   guard kills the engine and removes the engine's /dev/shm entries (their names end in the game's
   `+viz_instance_id`). It watches the process, not the thread that started the game: games start in threads.
-- The engine gets SIGKILL if the guard itself dies, and runs in its own process group, so a Ctrl-C in the
+- SIGTERM or SIGHUP to the guard kills the engine and removes its entries too.
+- The engine gets SIGKILL if the guard itself dies (SIGKILL), and runs in its own process group, so a Ctrl-C in the
   terminal reaches the trainer (which closes its games in order) and not the engines.
 - When the engine exits by itself (a normal `game.close()`), the guard exits with its code.
 
@@ -67,35 +68,39 @@ def main(argv: list[str]) -> int:
     controller_pid, engine = int(argv[0]), argv[1]
     engine_args = argv[2:]
     game_id = instance_id(engine_args)
+    engines: list[subprocess.Popen] = []
     stopped_by: list[int] = []
+
+    def stop(signum, _frame) -> None:  # the wait below then sees the engine exit
+        stopped_by.append(signum)
+        for process in engines:
+            process.kill()
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda signum, _frame: stopped_by.append(signum))
+        signal.signal(signum, stop)
     try:
         controller = os.pidfd_open(controller_pid)
     except ProcessLookupError:
         controller = None
-    if controller is None or os.getppid() != controller_pid:  # the controller is gone already
+    if controller is None or os.getppid() != controller_pid or stopped_by:  # the controller is gone already
         remove_engine_shm(game_id)
         return 1
     process = _start_engine([engine, *engine_args])
+    engines.append(process)
+    if stopped_by:  # stopped while the engine was starting
+        process.kill()
     engine_exit = os.pidfd_open(process.pid)
-    while not stopped_by:
-        try:
-            ready, _, _ = select.select([controller, engine_exit], [], [])
-        except InterruptedError:
-            continue
-        if engine_exit in ready:
-            code = process.wait()
-            if code != 0:  # a crashed engine cannot clean up after itself
-                remove_engine_shm(game_id)
-            return code
-        if controller in ready:
-            break
-    process.kill()
+    ready, _, _ = select.select([controller, engine_exit], [], [])
+    if engine_exit in ready:
+        code = process.wait()
+        if stopped_by or code != 0:  # a killed or crashed engine cannot clean up after itself
+            remove_engine_shm(game_id)
+        return 128 + stopped_by[0] if stopped_by else code
+    process.kill()  # the controller is gone
     process.wait()
     remove_engine_shm(game_id)
-    return 128 + (stopped_by[0] if stopped_by else signal.SIGKILL)
+    return 128 + signal.SIGKILL
 
 
 if __name__ == "__main__":

