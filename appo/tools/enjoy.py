@@ -128,8 +128,9 @@ def summary(episodes: list[Episode]) -> str:
     if not episodes:
         return "no episode finished; raise --max_frames"
     results = summarise(episodes)
+    metrics = "".join(f", {name} {results[name]:.2f}" for name in sorted({n for e in episodes for n in e.extra}))
     return (f"{len(episodes)} episodes: return {results['reward']:.2f} ± {results['reward_std']:.2f}, "
-            f"length {results['length']:.1f} ± {results['length_std']:.1f}")
+            f"length {results['length']:.1f} ± {results['length_std']:.1f}{metrics}")
 
 
 def main(argv: list[str] | None = None) -> int:
