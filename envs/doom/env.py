@@ -158,6 +158,8 @@ class DoomEnv(gym.Env):
 
     def _observe(self) -> dict[str, np.ndarray]:
         state = self.game.get_state()
+        if state is None:  # a hosted game between death and respawn now and then has no state for a step
+            return self._last_obs()
         self._frame = state.screen_buffer  # [120, 160, 3]
         self._screen = screen_observation(self._frame)
         self._variables_now = np.asarray(state.game_variables, dtype=np.float64)
