@@ -41,7 +41,7 @@ DEATHMATCH_MEASUREMENTS = {"HEALTH": 100.0, "ARMOR": 100.0, "SELECTED_WEAPON": 7
                            **{name: 1.0 for name in shaping.WEAPONS}, **shaping.AMMO_CAPACITY}
 
 
-class DoomEnv(gym.Env):
+class DoomEnv(shaping.ShapedReward, gym.Env):
     """One ViZDoom scenario; see the module docstring. The engine starts at the first reset."""
 
     metadata = {"render_modes": ["rgb_array", "rgb_array_list"], "render_fps": 35}
@@ -56,14 +56,13 @@ class DoomEnv(gym.Env):
             raise ValueError(f"frame_skip={frame_skip}: must be at least 1")
         self.name, self.scenario, self.render_mode = name, scenario, render_mode
         self.frames_per_step = frame_skip  # emulator frames per env step, for frames/s
-        self.hosted = scenario.bots > 0
+        self.hosted = self.shaped = scenario.bots > 0
         self.bots = bot_names(scenario.bots if num_bots is None else num_bots, bot_skill) if self.hosted else []
         self.episode_tics = episode_tics or scenario.timeout_tics
         measurements = DEATHMATCH_MEASUREMENTS if self.hosted or scenario.full_actions else MEASUREMENTS
         self._scales = np.array(list(measurements.values()), dtype=np.float32)
-        counters = shaping.COUNTERS if self.hosted else ()
-        self._variables = tuple(measurements) + tuple(name for name in counters if name not in measurements)
-        self._counter_index = np.array([self._variables.index(name) for name in counters], dtype=np.int64)
+        self._variables, self._counter_index = (shaping.with_counters(tuple(measurements)) if self.hosted
+                                                else (tuple(measurements), np.zeros(0, dtype=np.int64)))
         self._variable_ids: list[Any] = []  # the engine's GameVariable of each of self._variables
         self._buttons = list(FULL_BUTTONS) if scenario.full_actions else None
         self.actions: ActionSet | None = None if self._buttons is None else ActionSet(self._buttons)
@@ -82,16 +81,6 @@ class DoomEnv(gym.Env):
             "measurements": gym.spaces.Box(-np.inf, np.inf, (len(self._scales),), np.float32)})
         self._starting = threading.Thread(target=self._start, name=f"{name} engine start", daemon=True)
         self._starting.start()
-
-    # --- reward shaping interface (envs/registry.py reward_shaping): hosted games only
-    def get_reward_shaping(self) -> dict[str, float]:
-        return dict(self.shaping) if self.hosted else {}
-
-    def set_reward_shaping(self, scheme: dict[str, float]) -> None:
-        self.shaping.update({key: float(value) for key, value in scheme.items() if key in self.shaping})
-
-    def get_reward_shaping_bounds(self) -> dict[str, tuple[float, float]]:
-        return dict(shaping.BOUNDS) if self.hosted else {}
 
     def _start(self) -> None:
         try:

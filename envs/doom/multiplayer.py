@@ -279,7 +279,7 @@ class Match:
         release_port(self.port)
 
 
-class DoomMatchEnv(gym.Env):
+class DoomMatchEnv(shaping.ShapedReward, gym.Env):
     """`num_agents` learning agents (and `num_bots` built-in bots) in one deathmatch; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 35}
@@ -302,9 +302,7 @@ class DoomMatchEnv(gym.Env):
         self.name, self.num_agents, self.render_mode = name, int(num_agents), render_mode
         self.frames_per_step, self.step_timeout_s = frame_skip, step_timeout_s
         self._scales = np.array(list(DEATHMATCH_MEASUREMENTS.values()), dtype=np.float32)
-        variables = tuple(DEATHMATCH_MEASUREMENTS) + tuple(n for n in shaping.COUNTERS
-                                                           if n not in DEATHMATCH_MEASUREMENTS)
-        self._counter_index = np.array([variables.index(n) for n in shaping.COUNTERS], dtype=np.int64)
+        variables, self._counter_index = shaping.with_counters(tuple(DEATHMATCH_MEASUREMENTS))
         self.actions = ActionSet(FULL_BUTTONS)
         self.action_space = self.actions.space
         self.observation_space = gym.spaces.Dict({
@@ -322,16 +320,6 @@ class DoomMatchEnv(gym.Env):
         self._t = 0  # steps into the episode
         self.restarts = 0
         self.match: Match | None = Match(self._spec, self._reply)  # the engines start now; the first reset waits
-
-    # --- reward shaping interface (envs/registry.py reward_shaping), one scheme for every agent of the match
-    def get_reward_shaping(self) -> dict[str, float]:
-        return dict(self.shaping)
-
-    def set_reward_shaping(self, scheme: dict[str, float]) -> None:
-        self.shaping.update({key: float(value) for key, value in scheme.items() if key in self.shaping})
-
-    def get_reward_shaping_bounds(self) -> dict[str, tuple[float, float]]:
-        return dict(shaping.BOUNDS)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """The next episode: the running match goes on (its counters are the new episode's base), or a new match

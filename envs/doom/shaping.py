@@ -50,3 +50,27 @@ def match_stats(start: np.ndarray, now: np.ndarray, opponent_frags: float) -> di
     difference against the best other player (`opponent_frags`: their frags this episode)."""
     frags, deaths, damage = (now[:3] - start[:3]).tolist()
     return {"frags": frags, "deaths": deaths, "frag_difference": frags - opponent_frags, "damage_dealt": damage}
+
+
+def with_counters(measurements: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The game variables a deathmatch env reads each step: its measurements, then the COUNTERS not among them;
+    and where each of COUNTERS sits in that tuple."""
+    variables = measurements + tuple(name for name in COUNTERS if name not in measurements)
+    return variables, np.array([variables.index(name) for name in COUNTERS], dtype=np.int64)
+
+
+class ShapedReward:
+    """The reward-shaping interface PBT uses (envs/registry.py `reward_shaping`) over the env's `shaping` dict;
+    an env whose reward is not shaped this time (`shaped` False: a single-player scenario) declares none."""
+
+    shaping: dict[str, float]
+    shaped: bool = True
+
+    def get_reward_shaping(self) -> dict[str, float]:
+        return dict(self.shaping) if self.shaped else {}
+
+    def set_reward_shaping(self, scheme: dict[str, float]) -> None:
+        self.shaping.update({key: float(value) for key, value in scheme.items() if key in self.shaping})
+
+    def get_reward_shaping_bounds(self) -> dict[str, tuple[float, float]]:
+        return dict(BOUNDS) if self.shaped else {}
