@@ -43,10 +43,11 @@ class EpisodeEnd:
 
 @dataclass(frozen=True)
 class GameEnd:
-    """A multi-agent game played by more than one acting id, for the ratings: players' names and returns."""
+    """A multi-agent game played by more than one acting id, for the ratings: players' names and scores (the env's
+    per-agent true objective where it reports one, else the episode return)."""
 
     players: list[str]
-    returns: list[float]
+    scores: list[float]
 
 
 @dataclass(frozen=True)

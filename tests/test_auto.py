@@ -1,6 +1,7 @@
 """Defaults chosen from the task (appo/config/auto.py): which rule fires for which env, given flags win, the env's
 step cost is measured, and a real run logs and saves its choices."""
 
+import dataclasses
 import json
 import os
 
@@ -92,6 +93,14 @@ def test_costly_env_steps_size_the_inference_batch(workers, inference_workers, e
     assert cfg.num_envs_per_worker % cfg.worker_num_splits == 0
     assert cfg.actor_niceness == auto.COSTLY_ACTOR_NICENESS
     assert any(f"--num_envs_per_worker={expected} --actor_niceness=5 (0.50 ms per env step" in line for line in lines)
+
+
+@pytest.mark.parametrize("agents,expected", [(2, 16), (8, 4), (32, 2)])
+def test_a_multi_agent_env_counts_each_agent_as_an_observation_of_the_batch(agents, expected):
+    multi_agent = dataclasses.replace(info(VECTOR, step_seconds=5e-4), num_agents=agents)
+    cfg, lines = auto.apply(cfg_of("--num_workers=2"), {"num_workers"}, multi_agent)
+    assert cfg.num_envs_per_worker == expected  # 32 observations / (2 actors x agents), per split of 2, at least 1
+    assert any(f"2 actors x {agents} agents per inference worker" in line for line in lines)
 
 
 def test_given_envs_per_worker_win_over_the_step_cost():

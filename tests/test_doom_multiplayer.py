@@ -198,10 +198,10 @@ def test_ports_are_leased_once_across_processes(monkeypatch):
     release_port(40123)
 
 
-def tracker_for_two_agents() -> tuple[EpisodeTracker, object]:
+def tracker_for_two_agents(policies: int = 1) -> tuple[EpisodeTracker, object]:
     """An actor's episode tracker over real buffers, for one 2-agent duel env per split."""
     cfg = parse_config(["--env=duel", "--num_workers=1", "--num_envs_per_worker=2", "--worker_num_splits=2",
-                        "--rollout=4", "--batch_size=16"])
+                        "--rollout=4", "--batch_size=16", f"--num_policies={policies}"])
     env = make_env("duel")
     layout = Layout.from_cfg(cfg, env.observation_space, env.action_space, num_agents=2)
     queues = Queues(report=Queue(), learner_inboxes=[Queue()], actor_inboxes=[Queue()],
@@ -224,6 +224,18 @@ def test_tracker_takes_per_agent_episode_stats_and_keeps_the_dict_form():
     assert [(e.reward, e.objective, e.extra) for e in episodes] == [
         (1.0, 3.0, {"frags": 3.0, "deaths": 1.0}), (-1.0, 1.0, {"frags": 1.0, "deaths": 3.0}),
         (2.0, 2.0, {"score_0": 2.0, "score_1": 0.0}), (0.5, 0.5, {"score_0": 2.0, "score_1": 0.0})]
+
+
+def test_a_game_is_won_on_the_per_agent_true_objective_and_else_on_the_return():
+    tracker, env = tracker_for_two_agents(policies=2)
+    tracker.agent_policy[0][:] = [0, 1]
+    slots = np.arange(2)
+    tracker.add_rewards(0, [5.0, 1.0])  # p0 picked up more (shaped return) but p1 fragged more
+    tracker.end_episode(0, 0, env, {"true_objective": [1.0, 2.0]}, slots, 0)
+    tracker.add_rewards(0, [5.0, 1.0])
+    tracker.end_episode(0, 0, env, {"true_objective": 7.0}, slots, 0)  # one value for both: the returns decide
+    _, games, _ = tracker.take()
+    assert [(game.players, game.scores) for game in games] == [(["p0", "p1"], [1.0, 2.0]), (["p0", "p1"], [5.0, 1.0])]
 
 
 def test_a_host_that_cannot_bind_its_port_is_started_again_on_another(monkeypatch):

@@ -47,7 +47,7 @@ def test_elo_on_hand_made_results():
     assert (record.wins, record.draws, record.losses) == (1, 1, 1)
     mirror = ratings.pairs["p0@v100"]["p0"]
     assert (mirror.wins, mirror.draws, mirror.losses) == (1, 1, 1)
-    assert record.mean_returns() == (0.0, 0.0)
+    assert record.mean_scores() == (0.0, 0.0)
     # Replay the same matches by hand: a snapshot starts at its policy's rating, which is ELO_START here.
     p, s = ELO_START, ELO_START
     for score in (1.0, 0.5, 0.0):

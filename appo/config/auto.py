@@ -16,7 +16,8 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   CNN's SGD and forward passes under bfloat16 autocast.
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
-  observations: a split gets INFERENCE_BATCH / (actors per inference worker) envs, within ENVS_PER_SPLIT. Actors
+  observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
+  ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes). Actors
   also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
   Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
   only add policy lag.
@@ -55,7 +56,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_LEARNING[name]:g} for continuous (Box) actions, images or not")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
-                     f"(actors per inference worker) per split, within {list(ENVS_PER_SPLIT)}")
+                     f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
+                     "(from 1 for multi-agent envs)")
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
     if name in ("learner_bf16", "inference_bf16"):
@@ -95,16 +97,19 @@ def cpu_has_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def sampler_sizing(cfg: Config, step_seconds: float) -> Choice | None:
-    """For an env whose step takes `step_seconds`: envs per worker and actor niceness, or None for a cheap env."""
+def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Choice | None:
+    """For an env of `num_agents` agents whose step takes `step_seconds`: envs per worker and actor niceness, or
+    None for a cheap env."""
     if step_seconds < COSTLY_STEP_S:
         return None
     actors_per_inference_worker = math.ceil(cfg.num_workers / cfg.policy_workers_per_policy)
-    per_split = int(np.clip(math.ceil(INFERENCE_BATCH / actors_per_inference_worker), *ENVS_PER_SPLIT))
+    envs = math.ceil(INFERENCE_BATCH / (actors_per_inference_worker * num_agents))
+    per_split = int(np.clip(envs, ENVS_PER_SPLIT[0] if num_agents == 1 else 1, ENVS_PER_SPLIT[1]))
     actors = f"{actors_per_inference_worker} actor{'s' if actors_per_inference_worker > 1 else ''}"
+    agents = f" x {num_agents} agents" if num_agents > 1 else ""
     return Choice({"num_envs_per_worker": per_split * cfg.worker_num_splits, "actor_niceness": COSTLY_ACTOR_NICENESS},
                   f"{step_seconds * 1e3:.2f} ms per env step: about {INFERENCE_BATCH} observations per forward pass "
-                  f"from {actors} per inference worker, and inference runs before the actors")
+                  f"from {actors}{agents} per inference worker, and inference runs before the actors")
 
 
 def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[Choice]:
@@ -131,7 +136,7 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
         found.append(Choice({"learner_bf16": True, "inference_bf16": True},
                             "image observations and a CPU with native bfloat16: the CNN's SGD and forward passes run "
                             "faster in bfloat16"))
-    sizing = None if info.step_seconds is None else sampler_sizing(cfg, info.step_seconds)
+    sizing = None if info.step_seconds is None else sampler_sizing(cfg, info.step_seconds, info.num_agents)
     return found + ([sizing] if sizing else [])
 
 

@@ -14,6 +14,8 @@ batch row from call to call until `reset`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 from collections.abc import Callable
@@ -111,10 +113,16 @@ class TrainedPolicy:
             self.rnn_states[torch.as_tensor(rows, device=self.device)] = 0.0
 
 
-def load_policy(exp_dir_or_checkpoint: str, policy_id: int = 0, device: str = "cpu") -> TrainedPolicy:
-    """The newest intact checkpoint of `policy_id` in an experiment dir, or a given checkpoint file."""
+def load_policy(exp_dir_or_checkpoint: str, policy_id: int = 0, device: str = "cpu",
+                env_options: dict[str, Any] | None = None) -> TrainedPolicy:
+    """The newest intact checkpoint of `policy_id` in an experiment dir, or a given checkpoint file. `env_options`
+    are merged over the run's --env_kwargs: the policy then plays that env (a self-play policy against a bot), whose
+    observation and action spaces must be the trained ones."""
     exp_dir, checkpoint = find_checkpoint(exp_dir_or_checkpoint, policy_id)
     cfg = run_cfg(exp_dir)
+    if env_options:
+        # Every seat plays this policy, so a self-play pool does not apply.
+        cfg = dataclasses.replace(cfg, env_kwargs=json.dumps({**env_kwargs(cfg), **env_options}), self_play_opponents=0)
     if not 0 <= policy_id < cfg.num_policies:
         raise PolicyLoadError(f"--policy={policy_id}: {exp_dir} trained policies 0..{cfg.num_policies - 1}")
     info = env_info(cfg.env, env_kwargs(cfg))

@@ -1,11 +1,12 @@
 """Who beats whom: win/draw/loss counts for every pair that met, and an Elo rating per policy and snapshot.
 
-Actors report every finished game of a multi-agent env as the names of its players (`matchmaking.acting_name`:
-p0, or p0@v300 for a snapshot) and their episode returns. Within a game, each pair of players with different
-names is one match: the higher return wins, equal returns draw. Ratings are updated match by match with the
-Elo rule: `expected = 1 / (1 + 10 ** ((R_b - R_a) / 400))`, `R_a += K * (score - expected)` (and the opposite
-for b), with K = ELO_K. A name starts at ELO_START; a snapshot starts at the rating its policy has when the
-snapshot first plays, since at that moment it is that policy. Games between players of one name (a policy
+Actors report every finished game of a multi-agent env as the names of its players (`matchmaking.acting_name`: p0,
+or p0@v300 for a snapshot) and their scores: the env's per-agent `info["true_objective"]` where it reports one
+(Doom: frags, so a shaped reward for pickups wins nothing), else the episode return. Within a game, each pair of
+players with different names is one match: the higher score wins, equal scores draw. Ratings are updated match by
+match with the Elo rule: `expected = 1 / (1 + 10 ** ((R_b - R_a) / 400))`, `R_a += K * (score - expected)` (and the
+opposite for b), with K = ELO_K. A name starts at ELO_START; a snapshot starts at the rating its policy has when
+the snapshot first plays, since at that moment it is that policy. Games between players of one name (a policy
 against its latest self) say nothing about relative strength and are not counted.
 
 The runner keeps one `Ratings` (torch-free), shows it in the status line and tensorboard, logs the final table,
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 ELO_START = 1000.0
 ELO_K = 16.0
 ELO_PER_LINE = 5  # names per line of the final table, so that it fits the log's 120 columns
+OLD_KEYS = {"return_sum": "score_sum", "opponent_return_sum": "opponent_score_sum"}  # ratings.json before scores
 
 
 def expected_score(rating: float, opponent: float) -> float:
@@ -37,13 +39,13 @@ def elo_update(rating_a: float, rating_b: float, score_a: float, k: float = ELO_
 
 @dataclass
 class PairRecord:
-    """Matches of `a` against `b`, from a's side: wins, draws, losses, and the sums of both players' returns."""
+    """Matches of `a` against `b`, from a's side: wins, draws, losses, and the sums of both players' scores."""
 
     wins: int = 0
     draws: int = 0
     losses: int = 0
-    return_sum: float = 0.0
-    opponent_return_sum: float = 0.0
+    score_sum: float = 0.0
+    opponent_score_sum: float = 0.0
 
     @property
     def games(self) -> int:
@@ -53,9 +55,9 @@ class PairRecord:
         n = max(1, self.games)
         return self.wins / n, self.draws / n, self.losses / n
 
-    def mean_returns(self) -> tuple[float, float]:
+    def mean_scores(self) -> tuple[float, float]:
         n = max(1, self.games)
-        return self.return_sum / n, self.opponent_return_sum / n
+        return self.score_sum / n, self.opponent_score_sum / n
 
 
 class Ratings:
@@ -63,21 +65,21 @@ class Ratings:
         self.elo: dict[str, float] = {}
         self.pairs: dict[str, dict[str, PairRecord]] = defaultdict(dict)  # pairs[a][b]: from a's side
 
-    def record_game(self, names: list[str], returns: list[float]) -> None:
+    def record_game(self, names: list[str], scores: list[float]) -> None:
         """One finished game: every pair of players with different names is a match."""
         for i in range(len(names)):
             for j in range(i + 1, len(names)):
                 if names[i] != names[j]:
-                    self.record_match(names[i], names[j], returns[i], returns[j])
+                    self.record_match(names[i], names[j], scores[i], scores[j])
 
-    def record_match(self, a: str, b: str, return_a: float, return_b: float) -> None:
+    def record_match(self, a: str, b: str, score_a: float, score_b: float) -> None:
         for name in (a, b):
             if name not in self.elo:
                 self.elo[name] = self.elo.get(_policy_of(name), ELO_START)
-        score = 1.0 if return_a > return_b else 0.5 if return_a == return_b else 0.0
-        self.elo[a], self.elo[b] = elo_update(self.elo[a], self.elo[b], score)
-        for name, opponent, mine, theirs, outcome in ((a, b, return_a, return_b, score),
-                                                      (b, a, return_b, return_a, 1.0 - score)):
+        result = 1.0 if score_a > score_b else 0.5 if score_a == score_b else 0.0
+        self.elo[a], self.elo[b] = elo_update(self.elo[a], self.elo[b], result)
+        for name, opponent, mine, theirs, outcome in ((a, b, score_a, score_b, result),
+                                                      (b, a, score_b, score_a, 1.0 - result)):
             record = self.pairs[name].setdefault(opponent, PairRecord())
             if outcome == 1.0:
                 record.wins += 1
@@ -85,8 +87,8 @@ class Ratings:
                 record.draws += 1
             else:
                 record.losses += 1
-            record.return_sum += mine
-            record.opponent_return_sum += theirs
+            record.score_sum += mine
+            record.opponent_score_sum += theirs
 
     def games_of(self, name: str) -> int:
         """Rated games `name` has played, against anyone."""
@@ -100,8 +102,8 @@ class Ratings:
                 total.wins += record.wins
                 total.draws += record.draws
                 total.losses += record.losses
-                total.return_sum += record.return_sum
-                total.opponent_return_sum += record.opponent_return_sum
+                total.score_sum += record.score_sum
+                total.opponent_score_sum += record.opponent_score_sum
         return total
 
     # ---------------------------------------------------------------- output
@@ -141,9 +143,9 @@ class Ratings:
             for b, record in sorted(self.pairs.get(a, {}).items(), key=lambda item: _sort_key(item[0])):
                 if b in shown and _sort_key(a) < _sort_key(b):
                     wins, draws, losses = record.rates()
-                    mine, theirs = record.mean_returns()
+                    mine, theirs = record.mean_scores()
                     lines.append(f"  {a} vs {b}: {record.games} games, W/D/L {wins:.1%}/{draws:.1%}/{losses:.1%}, "
-                                 f"mean returns {mine:.3f} / {theirs:.3f}")
+                                 f"mean scores {mine:.3f} / {theirs:.3f}")
         return lines
 
     # ---------------------------------------------------------------- saving
@@ -156,7 +158,8 @@ class Ratings:
         ratings = cls()
         ratings.elo = {name: float(value) for name, value in data.get("elo", {}).items()}
         for a, records in data.get("pairs", {}).items():
-            ratings.pairs[a] = {b: PairRecord(**record) for b, record in records.items()}
+            ratings.pairs[a] = {b: PairRecord(**{OLD_KEYS.get(key, key): value for key, value in record.items()})
+                                for b, record in records.items()}
         return ratings
 
     def save(self, exp_dir: str) -> None:

@@ -154,7 +154,7 @@ class Runner:
             case ActorReport():
                 self.reports.on_actor(message)
                 for game in message.games if self.ratings is not None else ():
-                    self.ratings.record_game(game.players, game.returns)
+                    self.ratings.record_game(game.players, game.scores)
                 for episode in message.episodes if self.hooks.on_episode_end else ():
                     self._call_hooks("on_episode_end", replace(episode,
                                                                env_steps=self.reports.env_steps[episode.policy]))

@@ -96,10 +96,12 @@ class EpisodeTracker:
         if true_score is None and getattr(env, "reports_true_episode_reward", False):
             return  # a life lost, not a game over: keep counting the game's return and length
         a, policies, returns, starts = self.num_agents, self.agent_policy[s], self.returns[s], self.starts[s]
-        game_returns = []
+        objective = info.get("true_objective")
+        per_agent = isinstance(objective, (list, tuple, np.ndarray))  # a game's score (Doom: frags), else the return
+        scores = []
         for j in range(i * a, (i + 1) * a):
             reward = float(returns[j] if true_score is None else true_score)
-            game_returns.append(reward)
+            scores.append(float(objective[j - i * a]) if per_agent else reward)
             if policies[j] < self.cfg.num_policies:
                 extra = extra_stats(info, j - i * a)
                 self.episodes.append(EpisodeEnd(int(policies[j]), reward, self.steps[s] - starts[j],
@@ -109,7 +111,7 @@ class EpisodeTracker:
         if a > 1 and self.num_acting > 1:
             players = policies[i * a:(i + 1) * a].tolist()
             versions = self.policy_versions[slots[i * a:(i + 1) * a], t].tolist()
-            self.games.append(GameEnd([acting_name(self.cfg, p, v) for p, v in zip(players, versions)], game_returns))
+            self.games.append(GameEnd([acting_name(self.cfg, p, v) for p, v in zip(players, versions)], scores))
 
     def _objective(self, info: dict, extra: dict[str, float], episode_reward: float, agent: int) -> float | None:
         """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`

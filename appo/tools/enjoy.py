@@ -19,7 +19,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 
-from appo.config.cfg import ConfigError, str2bool
+from appo.config.cfg import ConfigError, env_kwargs, str2bool
 from appo.learning.trained_policy import (
     Episode,
     PolicyLoadError,
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Frames per second of the video (default: the env's render_fps over its frame skip, else 30).")
     add("--seed", type=int, default=0, help="Episode k starts from seed SEED + k.")
     add("--device", type=str, default="cpu", help="Torch device for the model.")
+    add("--env_kwargs", type=str, default="{}",
+        help="A JSON object merged over the run's --env_kwargs, e.g. to play a Doom self-play policy against a bot: "
+             "'{\"num_agents\": 1, \"num_bots\": 1}'. The observation and action spaces must stay the trained ones.")
     return parser
 
 
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--episodes and --max_frames must be 1 or more")
         source = policy_source(args)
         setup_logging()
-        policy = load_policy(source, args.policy, args.device)
+        policy = load_policy(source, args.policy, args.device, env_kwargs(args))
         video_path = None
         if args.save_video:
             video_dir = args.video_dir or os.path.join(policy.exp_dir, "videos")
