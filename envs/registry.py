@@ -3,6 +3,8 @@
 Resolution order:
 1. `atari_<game>` names (`atari_breakout`, ...): ale-py with DeepMind preprocessing (`envs/atari.py`);
    `doom_<scenario>` names (`doom_basic`, ...): ViZDoom (`envs/doom/`);
+   `envpool:<task id>` names (`envpool:Breakout-v5`): one EnvPool sub-env (`envs/vector.py`; actors step EnvPool
+   batched, many sub-envs per call);
    names registered with `register_env(name, make_fn)` (the built-in synthetic and multi-agent envs
    are registered on import of `envs`; user code can add its own);
 2. `package.module:function` where `function` is a callable in that module: it is called to make the env.
@@ -90,11 +92,14 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
         kwargs["render_mode"] = render_mode
     from envs.atari import is_atari_name, make_atari
     from envs.doom import is_doom_name, make_doom
+    from envs.vector import ENVPOOL_PREFIX, EnvPoolEnv, is_envpool_name
 
     if is_atari_name(env_id):
         return make_atari(env_id, **kwargs)
     if is_doom_name(env_id):
         return make_doom(env_id, **kwargs)
+    if is_envpool_name(env_id):
+        return EnvPoolEnv(env_id[len(ENVPOOL_PREFIX):], **kwargs)
     make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
     if make_fn is not None:
         return _as_gym_env(env_id, make_fn(**kwargs))
@@ -110,6 +115,21 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
                        f"CartPole-v1, 'package.module:EnvName-v0', or one of {sorted(_REGISTRY)}") from exc
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
+
+
+def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
+    """The gymnasium spec `make_env` makes `env_id` from; None when another route makes it (atari_, doom_,
+    envpool:, registered names, make functions) or gymnasium does not know it."""
+    from envs.atari import is_atari_name
+    from envs.doom import is_doom_name
+    from envs.vector import is_envpool_name
+
+    if env_id in _REGISTRY or is_atari_name(env_id) or is_doom_name(env_id) or is_envpool_name(env_id):
+        return None
+    try:
+        return gym.spec(env_id)
+    except (gym.error.Error, ModuleNotFoundError):
+        return None
 
 
 def _as_gym_env(env_id: str, env: Any) -> gym.Env:

@@ -1,5 +1,6 @@
 """Helpers for tests that run the real trainer as a subprocess, or drive real learners in-process."""
 
+import logging
 import os
 import re
 import subprocess
@@ -19,6 +20,16 @@ from appo.memory.segments import unlink_segment
 from envs import make_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def appo_logger_as_it_was():
+    """An in-process run (`appo.train.train`) sets up the 'appo' logger for the terminal (its own handlers, no
+    propagation); put it back after each test, so a later test's `caplog` still sees the records."""
+    logger = logging.getLogger("appo")
+    state = logger.handlers[:], logger.propagate, logger.level
+    yield
+    logger.handlers[:], logger.propagate, logger.level = state[0], state[1], state[2]
 
 
 def shm_entries() -> set[str]:

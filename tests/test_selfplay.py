@@ -65,6 +65,14 @@ def test_elo_on_hand_made_results():
     assert "p0 vs p0@v100: 3 games, W/D/L 33.3%/33.3%/33.3%" in "\n".join(ratings.table())
 
 
+def test_ratings_saved_before_scores_were_named_so_still_load():
+    old = {"elo": {"p0": 1010.0, "p0@v5": 990.0},
+           "pairs": {"p0": {"p0@v5": {"wins": 2, "draws": 0, "losses": 1, "return_sum": 3.0,
+                                      "opponent_return_sum": -3.0}}}}
+    record = Ratings.from_json(old).pairs["p0"]["p0@v5"]
+    assert (record.games, record.score_sum, record.opponent_score_sum) == (3, 3.0, -3.0)
+
+
 def test_three_player_game_is_three_matches():
     ratings = Ratings()
     ratings.record_game(["p0", "p1", "p0@v5"], [3.0, 2.0, 3.0])

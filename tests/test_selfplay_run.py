@@ -33,7 +33,7 @@ def test_self_play_rates_a_zero_sum_game_and_saves_the_pool(trainer):
     games = sum(record["wins"] + record["draws"] + record["losses"] for record in pairs.values())
     assert games >= 20
     for record in pairs.values():  # zero-sum: what one side won, the other lost
-        assert record["return_sum"] + record["opponent_return_sum"] == pytest.approx(0.0, abs=1e-6)
+        assert record["score_sum"] + record["opponent_score_sum"] == pytest.approx(0.0, abs=1e-6)
     assert set(ratings["elo"]) >= {"p0", *pairs}
 
     checkpoint = torch.load(latest_checkpoint(os.path.join(exp_dir, "checkpoint_p0")), weights_only=False)

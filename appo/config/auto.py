@@ -13,7 +13,8 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   does the exploring, and a bonus on it keeps the std wide, so returns plateau (images included).
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
 - Images on a CPU with native bfloat16 (AVX512-BF16, AMX): `--learner_bf16=True --inference_bf16=True`, the
-  CNN's SGD and forward passes under bfloat16 autocast.
+  CNN's SGD under bfloat16 autocast and its forward passes on a bfloat16 copy of its weights (scripts/bench_cnn.py
+  measures these against float32, channels_last, oneDNN's bf16 fpmath, jit.freeze and torch.compile).
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
   observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within

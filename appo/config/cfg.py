@@ -20,7 +20,14 @@ import os
 import sys
 from typing import Any
 
-from appo.config.checks import BUILT_IN_ENCODERS, ConfigError, env_kwargs, validate, validate_encoder
+from appo.config.checks import (
+    BUILT_IN_ENCODERS,
+    ConfigError,
+    check_batched_sampling,
+    env_kwargs,
+    validate,
+    validate_encoder,
+)
 from appo.config.flags import (
     COMMAND_LINE_ONLY,
     ELO_OBJECTIVE,
@@ -152,6 +159,7 @@ def resolve(flags: Config | argparse.Namespace, num_agents: int = 1) -> Config:
     if cfg.self_play_opponents and num_agents < 2:
         raise ConfigError(f"--self_play_opponents={cfg.self_play_opponents}: --env={cfg.env} has one agent; self-play "
                           "needs a multi-agent env (num_agents >= 2)")
+    check_batched_sampling(cfg, num_agents)
     if per_episode and cfg.agent_policy_mapping == "split":
         raise ConfigError("--agent_policy_mapping=split gives each split one policy for the whole run; "
                           "--policy_mapping and --self_play_opponents draw per episode: use episode or auto")

@@ -127,6 +127,13 @@ class Config:
     worker_num_splits: int = flag(2, SAMPLING,
                                   "Groups of envs per worker: one group steps while the other waits for actions "
                                   "(double buffering).", valid="[1, inf)")
+    batched_sampling: bool = flag(False, SAMPLING,
+                                  "Each split of a worker is ONE vectorised env of --num_envs_per_worker / "
+                                  "--worker_num_splits sub-envs, stepped in one call, its actions, observations, "
+                                  "rewards and episode ends moved as arrays: for envs that step many copies at once "
+                                  "faster than one at a time (gymnasium vector entry points such as CartPole-v1's, "
+                                  "else a gymnasium SyncVectorEnv). --env=envpool:<task id> is always batched. "
+                                  "Single-agent envs only.")
     num_policies: int = flag(1, SAMPLING,
                              "Number of policies trained together; each agent is mapped to a random policy per "
                              "episode.", valid="[1, inf)")
@@ -210,9 +217,10 @@ class Config:
                               "weights stay float32), for faster SGD (docs/PERFORMANCE.md). No effect on CUDA or on "
                               "vector observations.")
     inference_bf16: bool = flag(False, SAMPLING,
-                                "On a CPU, inference workers run image encoders under bfloat16 autocast, for faster "
-                                "forward passes (docs/PERFORMANCE.md); actions are sampled from float32 outputs. No "
-                                "effect on CUDA or on vector observations.")
+                                "On a CPU, inference workers run image encoders in bfloat16 (a bfloat16 copy of "
+                                "their weights, made once per weight version), for faster forward passes "
+                                "(docs/PERFORMANCE.md); actions are sampled from float32 outputs. No effect on CUDA or "
+                                "on vector observations.")
     max_policy_lag: int = flag(100, SAMPLING,
                                "Trajectories collected by a policy more than this many versions old are dropped and "
                                "counted.", valid="[0, inf)")

@@ -38,6 +38,7 @@ class ActorConfig(RoleView):
     seed: int | None
     num_workers: int
     worker_num_splits: int
+    batched_sampling: bool
     rollout: int
     use_rnn: bool
     backend: str

@@ -8,7 +8,8 @@ go to the learners and the split moves onto slots no learner owes a read. All of
 depend on lives in shared memory, so a replacement started by the runner after a crash carries on in the same
 buffers.
 
-The parts, each in its module: `EnvStepper` (env_stepper.py) owns the envs, `SlotAllocator` (slots.py) the
+The parts, each in its module: `EnvStepper` (env_stepper.py) owns the envs (with batched sampling `VectorStepper`,
+vector_stepper.py: one vectorised env per split, stepped and written in one operation), `SlotAllocator` (slots.py) the
 trajectory slots, `EpisodeTracker` (episodes.py) returns, lengths and finished episodes, `AgentPolicies`
 (agent_policies.py) who plays each env-agent, `ActionRequests` (requests.py) the request/answer protocol;
 `ActorWorker` here runs the main loop and moves data between the envs and the slots.
@@ -36,7 +37,9 @@ from appo.sampling.env_stepper import EnvStepper
 from appo.sampling.episodes import EpisodeTracker
 from appo.sampling.requests import ActionRequests
 from appo.sampling.slots import SlotAllocator
+from appo.sampling.vector_stepper import VectorStepper
 from appo.spaces import SINGLE_KEY
+from envs.vector import steps_batched
 from utils.process import init_worker
 from utils.timing import Timing
 
@@ -73,9 +76,10 @@ class ActorWorker(WorkerRole):
         self.requests = ActionRequests(ctx, worker)
         self.rng = np.random.default_rng(None if cfg.seed is None else cfg.seed + 1000 * worker)
         self.timing = Timing()
-        self.stepper = EnvStepper(ctx, worker, self.rng, self.timing)
+        self.batched = steps_batched(cfg.env, cfg.batched_sampling)  # one vectorised env per split
+        self.stepper = (VectorStepper if self.batched else EnvStepper)(ctx, worker, self.rng, self.timing)
         self.slots = SlotAllocator(ctx, worker)
-        self.episodes = EpisodeTracker(ctx, worker)
+        self.episodes = EpisodeTracker(ctx, worker, self.batched)
         self.players = AgentPolicies(ctx, worker, self.rng)
         self.splits = [Split() for _ in range(layout.num_splits)]
         self.single_obs: np.ndarray | None = None  # traj.obs' only array, when that is all the env observes
@@ -103,8 +107,8 @@ class ActorWorker(WorkerRole):
         self.control.actors.waiting[self.worker] = 0  # a predecessor that crashed may have left it raised
         self.stepper.make_envs()
         first = self.stepper.envs[0][0]
-        # Fast path for the common case: one agent and a single Box observation.
-        if self.num_agents == 1 and isinstance(first.observation_space, gym.spaces.Box):
+        # Fast path for the common case of envs stepped one by one: one agent and a single Box observation.
+        if self.num_agents == 1 and isinstance(first.observation_space, gym.spaces.Box) and not self.batched:
             self.single_obs = self.traj.obs[SINGLE_KEY]
 
     def step(self, timeout: float) -> None:
@@ -165,9 +169,7 @@ class ActorWorker(WorkerRole):
         envs their policy's reward shaping."""
         self.players.start(s)
         self._use_slots(s, slots)
-        a = self.num_agents
-        for i, obs in enumerate(self.stepper.first_observations(s)):
-            self.traj.write_obs(slots[i * a:(i + 1) * a], 0, obs)
+        self._write_obs(s, 0, self.stepper.first_observations(s))
         self.traj.rnn_states[slots, 0] = 0.0
         for i, env in enumerate(self.stepper.envs[s] if self.players.shaping_keys else ()):
             self.players.shape(s, i, env)
@@ -187,17 +189,14 @@ class ActorWorker(WorkerRole):
         the next actions (after a move onto fresh slots at the rollout's end).
 
         The numpy writes come after the loop over envs, back to back, where their code is warm. Rewards are
-        stored as the env gave them; the learner scales and clips them."""
-        split, traj, a = self.splits[s], self.traj, self.num_agents
+        stored as the env gave them; the learner scales and clips them. A batched split's actions are read, and its
+        observations and rewards written, in one operation each."""
+        split, traj = self.splits[s], self.traj
         t, slots = split.t, split.slots
         rewards, observations, ended = self.stepper.step(s, traj.actions[slots, t])
-        if split.obs_rows:
-            for row, obs in zip(split.obs_rows, observations):
-                row[t + 1] = obs
-        else:
-            for i, obs in enumerate(observations):
-                traj.write_obs(slots[i * a:(i + 1) * a], t + 1, obs)
-        traj.rewards[slots, t] = self.episodes.add_rewards(s, rewards)
+        self._write_obs(s, t + 1, observations)
+        traj.rewards[slots, t] = (self.episodes.add_reward_array(s, rewards) if self.batched
+                                  else self.episodes.add_rewards(s, rewards))
         self.env_steps += len(slots)
         if ended:
             self._end_episodes(s, ended)
@@ -210,14 +209,32 @@ class ActorWorker(WorkerRole):
                 return  # it asks for actions once it has them (`step` retries)
         self._request_actions(s)
 
+    def _write_obs(self, s: int, t: int, observations) -> None:
+        """Store split s's observations at step t of its slots: a batch in one operation (per observation key), else
+        one env's at a time."""
+        split, traj, a = self.splits[s], self.traj, self.num_agents
+        if self.batched:
+            traj.write_obs(split.slots, t, observations)
+        elif split.obs_rows:
+            for row, obs in zip(split.obs_rows, observations):
+                row[t] = obs
+        else:
+            for i, obs in enumerate(observations):
+                traj.write_obs(split.slots[i * a:(i + 1) * a], t, obs)
+
     def _end_episodes(self, s: int, ended: list[tuple[int, int, dict]]) -> None:
         """Mark the ends in the trajectory, record the finished episodes, start new ones (players, RNN state)."""
         split, traj, a = self.splits[s], self.traj, self.num_agents
         t = split.t
         codes = np.zeros(len(split.slots), dtype=np.uint8)
-        for i, code, info in ended:
-            codes[i * a:(i + 1) * a] = code
-            self.episodes.end_episode(s, i, self.stepper.envs[s][i], info, split.slots, t)
+        if self.batched:  # one agent per sub-env
+            ids = [i for i, _, _ in ended]
+            codes[ids] = [code for _, code, _ in ended]
+            self.episodes.end_sub_envs(s, ids, [info for _, _, info in ended], self.stepper.envs[s], split.slots, t)
+        else:
+            for i, code, info in ended:
+                codes[i * a:(i + 1) * a] = code
+                self.episodes.end_episode(s, i, self.stepper.envs[s][i], info, split.slots, t)
         traj.dones[split.slots, t] = codes
         dones = codes > 0
         if self.cfg.use_rnn:

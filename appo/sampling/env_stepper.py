@@ -150,14 +150,7 @@ class EnvStepper:
 
         The traceback is logged the first time this worker sees an error (same exception, message and place);
         repeats are only counted (the status line shows the count), so a flaky env cannot flood the log."""
-        self.errors += 1
-        error = sys.exc_info()[1]
-        frame = traceback.extract_tb(error.__traceback__)[-1]
-        key = f"{type(error).__name__}: {error} at {frame.filename}:{frame.lineno}"
-        if key not in self.errors_seen:
-            self.errors_seen.add(key)
-            log.warning("actor %d: env %d of split %d raised; rebuilding it (repeats of this error are only "
-                        "counted):\n%s", self.worker, i, s, traceback.format_exc())
+        self._count_error(f"env {i} of split {s} raised; rebuilding it")
         with contextlib.suppress(Exception):
             self.envs[s][i].close()
         env = self._make(s, i)
@@ -165,6 +158,17 @@ class EnvStepper:
         self._calling(RESET, s * self.envs_per_split + i)
         obs, _ = env.reset()
         return obs
+
+    def _count_error(self, what: str) -> None:
+        """Count the exception being handled; log it with its traceback the first time this worker sees it."""
+        self.errors += 1
+        error = sys.exc_info()[1]
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        key = f"{type(error).__name__}: {error} at {frame.filename}:{frame.lineno}"
+        if key not in self.errors_seen:
+            self.errors_seen.add(key)
+            log.warning("actor %d: %s (repeats of this error are only counted):\n%s", self.worker, what,
+                        traceback.format_exc())
 
     def take_errors(self) -> int:
         """Env calls that raised since the last call."""

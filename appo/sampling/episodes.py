@@ -43,15 +43,18 @@ class EpisodeTracker:
     j % num_agents of env j // num_agents); the episodes and games that ended since the last `take()`; how many
     non-finite rewards were stored as 0."""
 
-    def __init__(self, ctx: WorkerContext, worker: int):
+    def __init__(self, ctx: WorkerContext, worker: int, batched: bool = False):
         cfg, layout = ctx.cfg, ctx.layout
         self.cfg, self.worker, self.num_agents = cfg, worker, layout.num_agents
         self.num_acting = num_acting_ids(cfg)
         self.agent_policy = ctx.control.actors.agent_policy[worker]  # [split, agent]
         self.policy_versions = ctx.traj.policy_versions
         n = layout.agents_per_split
-        self.returns = [[0.0] * n for _ in range(layout.num_splits)]  # [split][agent]: the current episode's
-        self.starts = [[0] * n for _ in range(layout.num_splits)]  # the split step its episode started at
+        # Python lists for a few envs stepped one by one (cheaper than numpy per element); arrays for a vectorised
+        # env's split (`batched`: `add_reward_array` adds a whole step in one operation).
+        self.returns = [np.zeros(n) if batched else [0.0] * n for _ in range(layout.num_splits)]  # [split][agent]
+        self.starts = [np.zeros(n, dtype=np.int64) if batched else [0] * n  # the split step its episode started at
+                       for _ in range(layout.num_splits)]
         self.steps = [0] * layout.num_splits  # steps each split made
         self.episodes: list[EpisodeEnd] = []
         self.games: list[GameEnd] = []  # multi-agent envs played by more than one acting id, for the ratings
@@ -68,6 +71,14 @@ class EpisodeTracker:
         returns = self.returns[s]
         for j, reward in enumerate(rewards):
             returns[j] += reward
+        self.steps[s] += 1
+        return rewards
+
+    def add_reward_array(self, s: int, rewards: np.ndarray) -> np.ndarray:
+        """`add_rewards` for a batched split (one array of rewards, one per sub-env), in numpy operations."""
+        if not np.isfinite(rewards).all():
+            rewards = np.asarray(self._sanitize(s, rewards.tolist()))
+        self.returns[s] += rewards
         self.steps[s] += 1
         return rewards
 
@@ -104,7 +115,7 @@ class EpisodeTracker:
             scores.append(float(objective[j - i * a]) if per_agent else reward)
             if policies[j] < self.cfg.num_policies:
                 extra = extra_stats(info, j - i * a)
-                self.episodes.append(EpisodeEnd(int(policies[j]), reward, self.steps[s] - starts[j],
+                self.episodes.append(EpisodeEnd(int(policies[j]), reward, int(self.steps[s] - starts[j]),
                                                 self._objective(info, extra, reward, j - i * a), extra))
             returns[j] = 0.0
             starts[j] = self.steps[s]
@@ -112,6 +123,28 @@ class EpisodeTracker:
             players = policies[i * a:(i + 1) * a].tolist()
             versions = self.policy_versions[slots[i * a:(i + 1) * a], t].tolist()
             self.games.append(GameEnd([acting_name(self.cfg, p, v) for p, v in zip(players, versions)], scores))
+
+    def end_sub_envs(self, s: int, ended: list[int], infos: list[dict], envs: list[gym.Env], slots: np.ndarray,
+                     t: int) -> None:
+        """`end_episode` for sub-envs `ended` of batched split s (one agent each; `infos`: their last step's, `envs`:
+        the split's sub-envs). Where no info holds what `end_episode` reads and the env counts no lives (so an
+        episode's return is its score and its objective), the episodes are recorded in numpy operations: a
+        vectorised env of thousands of sub-envs ends tens of episodes per step."""
+        keys = ("true_episode_reward", "true_objective", "episode_extra_stats", self.cfg.pbt_target_objective)
+        informative = any(info and any(key in info for key in keys) for info in infos)
+        if informative or getattr(envs[0], "reports_true_episode_reward", False):
+            for i, info in zip(ended, infos):
+                self.end_episode(s, i, envs[i], info, slots, t)
+            return
+        index = np.asarray(ended)
+        returns, starts = self.returns[s], self.starts[s]
+        rewards, lengths = returns[index].tolist(), (self.steps[s] - starts[index]).tolist()
+        by_return = self.cfg.pbt_target_objective == "true_objective"  # the objective: the return, else none
+        self.episodes += [EpisodeEnd(policy, reward, length, reward if by_return else None, {})
+                          for policy, reward, length in zip(self.agent_policy[s][index].tolist(), rewards, lengths)
+                          if policy < self.cfg.num_policies]
+        returns[index] = 0.0
+        starts[index] = self.steps[s]
 
     def _objective(self, info: dict, extra: dict[str, float], episode_reward: float, agent: int) -> float | None:
         """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`
