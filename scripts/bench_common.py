@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -48,19 +49,26 @@ def raw_limit(env_id: str, num_processes: int, num_envs: int, seconds: float, en
               ) -> float:
     """Env frames per second of `num_processes` plain processes stepping `num_envs` envs each."""
     env_kwargs = env_kwargs or {}
-    frames_per_step = env_info(env_id, env_kwargs).frames_per_step
+    steps = plain_process_steps(_step_envs, (env_id, env_kwargs, num_envs, seconds), num_processes,
+                                start_delay=1.0 + 0.05 * num_processes)
+    return steps * env_info(env_id, env_kwargs).frames_per_step / seconds
+
+
+def plain_process_steps(target: Callable, args: tuple, num_processes: int, start_delay: float) -> int:
+    """Env steps of `num_processes` forked processes running `target(*args, start_at, counts, index)`, which builds
+    its envs, steps them from `start_at` (`start_delay` from now: all have built their envs by then) and writes its
+    step count into `counts[index]`."""
     context = multiprocessing.get_context("fork")
     counts = context.Array("q", num_processes)
-    start_at = time.time() + 1.0 + 0.05 * num_processes  # all processes built their envs by then
-    processes = [context.Process(target=_step_envs, args=(env_id, env_kwargs, num_envs, seconds, start_at, counts, i))
-                 for i in range(num_processes)]
+    start_at = time.time() + start_delay
+    processes = [context.Process(target=target, args=(*args, start_at, counts, i)) for i in range(num_processes)]
     for process in processes:
         process.start()
     for process in processes:
         process.join()
         if process.exitcode != 0:
             raise RuntimeError(f"raw-limit process exited with code {process.exitcode}")
-    return sum(counts) * frames_per_step / seconds
+    return sum(counts)
 
 
 def env_steps_for(env_id: str, frames_per_s: float, seconds: float, env_kwargs: dict | None = None) -> int:

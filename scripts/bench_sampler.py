@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import time
 
-from bench_common import env_steps_for, raw_limit, sampler_only_fps
+from bench_common import env_steps_for, plain_process_steps, raw_limit, sampler_only_fps
 
 from envs import env_info
 
@@ -55,19 +54,9 @@ def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: 
 def vector_raw_limit(env_id: str, num_processes: int, num_envs: int, num_splits: int, seconds: float,
                      env_kwargs: dict) -> float:
     """Env frames per second of `num_processes` plain processes stepping the vectorised envs of one worker each."""
-    context = multiprocessing.get_context("fork")
-    counts = context.Array("q", num_processes)
-    start_at = time.time() + 2.0 + 0.1 * num_processes  # all processes built their envs by then
-    processes = [context.Process(target=_step_vector_envs,
-                                 args=(env_id, env_kwargs, num_envs, num_splits, seconds, start_at, counts, i))
-                 for i in range(num_processes)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-        if process.exitcode != 0:
-            raise RuntimeError(f"raw-limit process exited with code {process.exitcode}")
-    return sum(counts) * env_info(env_id, env_kwargs).frames_per_step / seconds
+    steps = plain_process_steps(_step_vector_envs, (env_id, env_kwargs, num_envs, num_splits, seconds), num_processes,
+                                start_delay=2.0 + 0.1 * num_processes)
+    return steps * env_info(env_id, env_kwargs).frames_per_step / seconds
 
 
 def main() -> None:
