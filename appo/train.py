@@ -7,6 +7,7 @@ checkpoint is not such a problem: it is moved aside and the newest intact one is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -46,6 +47,7 @@ from appo.memory.buffers import Layout
 from appo.population.matchmaking import num_acting_ids
 from appo.population.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
+from envs.vector import steps_batched, sub_env_step_seconds
 from utils.files import atomic_write_text
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
@@ -77,7 +79,10 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
                         if flag in given and saved.get(flag) != getattr(cfg, flag)}
             if not extended:
                 return None
-    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming)
+    batched = steps_batched(cfg.env, cfg.batched_sampling)
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not batched)
+    if batched and not resuming:  # the auto rules size the sampler and learner by what a sub-env's step costs
+        info = dataclasses.replace(info, step_seconds=sub_env_step_seconds(cfg.env, env_kwargs(cfg)))
     # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
     auto_lines: list[str] = []
     if not resuming:

@@ -169,7 +169,7 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
     env = make_env(env_id, env_kwargs)
     try:
         num_agents = int(getattr(env, "num_agents", 1))
-        step_seconds = _guarded_step_seconds(env, num_agents) if measure_step else None
+        step_seconds = guarded_step_seconds(env, num_agents) if measure_step else None
         return EnvInfo(env.observation_space, env.action_space, num_agents, int(getattr(env, "frames_per_step", 1)),
                        *reward_shaping(env), step_seconds=step_seconds,
                        shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)))
@@ -177,7 +177,8 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
         env.close()
 
 
-def _guarded_step_seconds(env: gym.Env, num_agents: int, limit_s: float = 5.0) -> float | None:
+def guarded_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | None = None,
+                         limit_s: float = 5.0) -> float | None:
     """measure_step_seconds, or None when the env raises or (in the main thread) takes over `limit_s`: the
     workers then meet the problem and report it with their usual handling."""
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -189,7 +190,7 @@ def _guarded_step_seconds(env: gym.Env, num_agents: int, limit_s: float = 5.0) -
     try:
         if in_main_thread:
             signal.setitimer(signal.ITIMER_REAL, limit_s)
-        return measure_step_seconds(env, num_agents)
+        return measure_step_seconds(env, num_agents, actions)
     except Exception:
         return None
     finally:
@@ -198,15 +199,17 @@ def _guarded_step_seconds(env: gym.Env, num_agents: int, limit_s: float = 5.0) -
             signal.signal(signal.SIGALRM, previous)
 
 
-def measure_step_seconds(env: gym.Env, num_agents: int, budget_s: float = 0.2, max_steps: int = 100) -> float:
-    """Mean wall time of env.step with random actions, over at most `budget_s` or `max_steps` (and at least one
-    step); resets are not counted. Read at start-up to size the sampler (appo/config/auto.py)."""
+def measure_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | None = None, budget_s: float = 0.2,
+                         max_steps: int = 100) -> float:
+    """Mean wall time of env.step with random actions (drawn from `actions`, by default the env's action space),
+    over at most `budget_s` or `max_steps` (and at least one step); resets are not counted. Read at start-up to size
+    the sampler (appo/config/auto.py)."""
     env.reset(seed=0)
-    env.action_space.seed(0)
+    actions = env.action_space if actions is None else actions
+    actions.seed(0)
     stepping, steps, start = 0.0, 0, time.perf_counter()
     while steps == 0 or (steps < max_steps and time.perf_counter() - start < budget_s):
-        action = (env.action_space.sample() if num_agents == 1
-                  else [env.action_space.sample() for _ in range(num_agents)])
+        action = actions.sample() if num_agents == 1 else [actions.sample() for _ in range(num_agents)]
         before = time.perf_counter()
         _, _, terminated, truncated, _ = env.step(action)
         stepping += time.perf_counter() - before

@@ -112,6 +112,35 @@ def test_given_envs_per_worker_win_over_the_step_cost():
     assert (cfg.num_envs_per_worker, cfg.actor_niceness) == (6, 0)
 
 
+@pytest.mark.parametrize("flags, sub_env_seconds, fast", [
+    (["--batched_sampling=True"], 1e-6, True),
+    (["--env=envpool:CartPole-v1"], 1e-6, True),  # EnvPool is always batched
+    (["--batched_sampling=True"], 2e-5, False),  # a SyncVectorEnv of Python envs
+    ([], 1e-6, False),  # per-env sampling
+])
+def test_fast_vectorised_envs_give_the_learner_bigger_minibatches(flags, sub_env_seconds, fast):
+    cfg, lines = auto.apply(cfg_of(*flags), set(), info(VECTOR, step_seconds=sub_env_seconds))
+    chosen = (cfg.batch_size, cfg.learning_rate, cfg.num_envs_per_worker)
+    fast_values = (auto.FAST_BATCHED["batch_size"], auto.FAST_BATCHED["learning_rate"],
+                   auto.FAST_BATCHED_ENVS_PER_SPLIT * cfg.worker_num_splits)
+    defaults = cfg_of()
+    assert chosen == (fast_values if fast else (defaults.batch_size, defaults.learning_rate,
+                                                defaults.num_envs_per_worker))
+    assert any("per sub-env step" in line for line in lines) == fast
+    given, _ = auto.apply(cfg_of("--batched_sampling=True", "--learning_rate=0.0005"), {"learning_rate"},
+                          info(VECTOR, step_seconds=1e-6))
+    assert (given.learning_rate, given.batch_size) == (0.0005, auto.FAST_BATCHED["batch_size"])
+
+
+def test_batched_runs_measure_a_sub_env_step():
+    from envs.vector import sub_env_step_seconds
+
+    vectorised = sub_env_step_seconds("CartPole-v1")  # gymnasium's vector entry point, in numpy
+    python_loop = sub_env_step_seconds("sleep_env", {"step_seconds": 0.001})  # a SyncVectorEnv: one after another
+    assert vectorised < auto.FAST_SUB_ENV_S
+    assert 0.001 <= python_loop < 0.01
+
+
 def test_no_measurement_no_sizing():
     cfg, _ = auto.apply(cfg_of(), set(), info(VECTOR, step_seconds=None))
     assert cfg.num_envs_per_worker == cfg_of().num_envs_per_worker
@@ -125,7 +154,8 @@ def test_step_cost_is_measured():
 
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, "num_envs_per_worker", "actor_niceness", "learner_bf16", "inference_bf16"):
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "num_envs_per_worker", "actor_niceness", "learner_bf16",
+                 "inference_bf16"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
 
 

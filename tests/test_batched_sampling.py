@@ -203,8 +203,8 @@ def test_a_seeded_serial_run_trains_the_same_weights_batched_or_not(tmp_path):
     def final_weights(batched: bool) -> dict:
         result = train(env=COUNT, experiment=f"batched_{batched}", train_dir=str(tmp_path), serial_mode=True, seed=3,
                        batched_sampling=batched, num_workers=1, worker_num_splits=1, num_envs_per_worker=8,
-                       rollout=8, batch_size=64, num_batches_per_iteration=1, train_for_env_steps=3000,
-                       decorrelate_envs_on_one_worker=False)
+                       rollout=8, batch_size=64, num_batches_per_iteration=1, learning_rate=1e-3,
+                       train_for_env_steps=3000, decorrelate_envs_on_one_worker=False)  # all given: no auto rule
         return torch.load(result.checkpoint, weights_only=False)["model"]
 
     per_env, batched = final_weights(False), final_weights(True)

@@ -59,23 +59,30 @@ def test_actors_run_under_sched_batch_and_the_rest_do_not(trainer):
 
 @pytest.mark.timeout(60)
 def test_actors_never_load_torch(trainer):
-    """Actors see the shared buffers through numpy; torch is mapped only into inference and learner processes
-    (the runner imports tensorboardX, and with it torch, only after forking them)."""
+    """Actors see the shared buffers through numpy; torch is mapped only into inference and learner processes. The
+    runner, which forks them, never loads it, not even for tensorboardX once summaries are written."""
     process = trainer.start("--env=CartPole-v1", "--experiment=no_torch", "--num_workers=3", "--num_envs_per_worker=4",
-                            "--decorrelate_envs_on_one_worker=False", "--report_interval=0.5")
+                            "--decorrelate_envs_on_one_worker=False", "--report_interval=0.5",
+                            "--experiment_summaries_interval=0.5")
     try:
         log = pathlib.Path(trainer.train_dir, "no_torch", "log.txt")
+        summaries = pathlib.Path(trainer.train_dir, "no_torch", "summaries", "0")
         deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and not (log.exists() and re.search(r"env steps [1-9]", log.read_text())):
+        while time.monotonic() < deadline and not (log.exists() and re.search(r"env steps [1-9]", log.read_text())
+                                                   and any(summaries.glob("events.*"))):
             time.sleep(0.2)
+        assert any(summaries.glob("events.*")), "no summary written"
         mapped = []
         for child in psutil.Process(process.pid).children():
             with open(f"/proc/{child.pid}/maps") as f:
                 mapped.append("libtorch" in f.read())
+        with open(f"/proc/{process.pid}/maps") as f:
+            runner_maps_torch = "libtorch" in f.read()
     finally:
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=15)
     assert sorted(mapped) == [False] * 3 + [True] * 2  # 3 actors without; inference and learner with
+    assert not runner_maps_torch
 
 
 @pytest.mark.timeout(90)

@@ -21,7 +21,13 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes). Actors
   also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
   Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
-  only add policy lag.
+  only add policy lag. With batched sampling the cost is one sub-env's share of a vectorised step
+  (envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
+- Batched sampling of a vectorised env whose sub-env steps in under FAST_SUB_ENV_S (gymnasium's CartPole vector
+  entry point, EnvPool's classic control: a per-env Python loop cannot step any env that fast): the sampler outruns
+  a learner at the defaults many times over, so the learner takes bigger minibatches at a learning rate scaled with
+  them, and the splits more sub-envs, so an iteration's trajectories come from more episodes (FAST_BATCHED).
+  Measured to threshold against the defaults: CartPole, EnvPool's Acrobot and Pendulum (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -36,11 +42,15 @@ import numpy as np
 from appo.config.flags import Config
 from appo.spaces import action_spec, auto_encoder, obs_spaces
 from envs import EnvInfo
+from envs.vector import steps_batched
 
 COSTLY_STEP_S = 1e-4
 INFERENCE_BATCH = 32
 ENVS_PER_SPLIT = (4, 16)  # the bounds of that sizing
 COSTLY_ACTOR_NICENESS = 5
+FAST_SUB_ENV_S = 5e-6
+FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
+FAST_BATCHED_ENVS_PER_SPLIT = 32
 
 IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
                   "gae_lambda": 0.95, "exploration_loss_coeff": 0.01}
@@ -59,6 +69,11 @@ def flag_help(name: str) -> str:
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
                      "(from 1 for multi-agent envs)")
+    if name in FAST_BATCHED or name == "num_envs_per_worker":
+        value = FAST_BATCHED.get(name, f"{FAST_BATCHED_ENVS_PER_SPLIT} per split")
+        rules.append(f"{value:g}" if isinstance(value, float) else f"{value}")
+        rules[-1] += (f" with batched sampling of sub-envs that step in under {FAST_SUB_ENV_S * 1e6:g} us (measured "
+                      "at start-up)")
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
     if name in ("learner_bf16", "inference_bf16"):
@@ -113,6 +128,16 @@ def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Cho
                   f"from {actors}{agents} per inference worker, and inference runs before the actors")
 
 
+def fast_batched_sizing(cfg: Config, sub_env_seconds: float) -> Choice | None:
+    """For batched sampling whose sub-env step takes `sub_env_seconds`: bigger learner minibatches and more sub-envs
+    per split, or None when the env is not that fast."""
+    if not steps_batched(cfg.env, cfg.batched_sampling) or sub_env_seconds >= FAST_SUB_ENV_S:
+        return None
+    return Choice({**FAST_BATCHED, "num_envs_per_worker": FAST_BATCHED_ENVS_PER_SPLIT * cfg.worker_num_splits},
+                  f"batched sampling at {sub_env_seconds * 1e6:.1f} us per sub-env step: the sampler outruns the "
+                  "learner, which takes bigger minibatches")
+
+
 def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[Choice]:
     """Every rule that applies to this env and these given flags (names), with the values it would set (given flags
     not yet removed)."""
@@ -137,8 +162,10 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
         found.append(Choice({"learner_bf16": True, "inference_bf16": True},
                             "image observations and a CPU with native bfloat16: the CNN's SGD and forward passes run "
                             "faster in bfloat16"))
-    sizing = None if info.step_seconds is None else sampler_sizing(cfg, info.step_seconds, info.num_agents)
-    return found + ([sizing] if sizing else [])
+    if info.step_seconds is not None:  # (images keep IMAGE_LEARNING's learning rate)
+        found += [rule for rule in (sampler_sizing(cfg, info.step_seconds, info.num_agents),
+                                    None if images else fast_batched_sizing(cfg, info.step_seconds)) if rule]
+    return found
 
 
 def apply(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, list[str]]:

@@ -33,11 +33,27 @@ def guarded(write: Callable) -> Callable:
     return wrapper
 
 
+def import_tensorboardx_without_torch() -> type:
+    """tensorboardX's SummaryWriter, imported without torch where torch is not loaded yet: tensorboardX imports it
+    only to accept tensors (optional there), and that import costs the runner a second of a core and 200 MB, the first
+    time a summary is written (a short run: at its end, before the line that says why it stopped)."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class SummaryWriters:
     """Writes a Tally and its Numbers to tensorboard: perf/, episode/, episode_extra/, learner/, lag/, memory/,
     faults/ and, in their runs, cluster/, pbt/, selfplay/ and eval/, each at the policy's env steps. The writers are
-    made on first use: the runner builds them before it forks the workers, and tensorboardX imports torch, which
-    actor workers must not inherit. Owns the writers; reads everything else."""
+    made on first use, after the runner forked the workers, and without torch
+    (import_tensorboardx_without_torch). Owns the writers; reads everything else."""
 
     def __init__(self, tally: Tally, numbers: Numbers, cfg: RunnerConfig, exp_dir: str) -> None:
         self.tally, self.numbers, self.cfg, self.exp_dir = tally, numbers, cfg, exp_dir
@@ -47,8 +63,7 @@ class SummaryWriters:
     @property
     def writers(self) -> list:
         if self._writers is None:
-            from tensorboardX import SummaryWriter
-
+            SummaryWriter = import_tensorboardx_without_torch()
             self._writers = [SummaryWriter(os.path.join(self.exp_dir, "summaries", str(p)), flush_secs=10)
                              for p in range(self.cfg.num_policies)]
             self._catch_background_failures()
