@@ -46,6 +46,7 @@ TASKS = {
     "halfcheetah": Task("HalfCheetah-v5", None, 300),
     "bipedalwalker": Task("BipedalWalker-v3", None, 600),
     "breakout": Task("atari_breakout", None, 600),
+    "breakout_envpool": Task("envpool:Breakout-v5", None, 600),  # the same preprocessing in C++, batched
     "coop_multi_agent": Task("coop_multi_agent", None, 60),
     "cartpole_masked_rnn": Task("cartpole_masked", 475, 300, ["--use_rnn=True"]),
     "cartpole_masked_ff": Task("cartpole_masked", 475, 150),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
 import sys
 
 import gymnasium as gym
@@ -310,3 +312,17 @@ def test_cartpole_learns_with_batched_sampling(trainer):
     assert result.returncode == 0, result.stdout + result.stderr
     # A random policy averages about 22; learning takes it far above that within 120k steps.
     assert last_mean_reward(result.stdout) > 80
+
+
+@pytest.mark.timeout(120)
+def test_pbt_runs_on_batched_sub_envs(trainer):
+    """Each sub-env is an env of one agent, so policies are mapped per sub-env: a PBT population trains every policy
+    and makes its decisions as on the per-env path (tests/test_pbt_run.py)."""
+    from tests.test_pbt_run import PBT, history
+
+    result = trainer.run(*PBT, "--batched_sampling=True", "--train_for_env_steps=40000", timeout=100)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert any(event["kind"] == "replace" for event in history(os.path.join(trainer.train_dir, "pbt")))
+    assert "took over the weights and optimizer state of policy" in result.stdout
+    for policy in range(3):
+        assert re.search(rf"p{policy}: final reward [0-9.]+", result.stdout), result.stdout[-2000:]
