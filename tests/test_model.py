@@ -312,3 +312,20 @@ def test_bf16_image_encoder_keeps_heads_float32_and_outputs_close():
     (params16.sum() + values16.sum()).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad
                and p is not model.log_std)
+
+
+@pytest.mark.parametrize("rows", [8, 4096])
+def test_the_mlp_tanh_equals_torch_tanh_with_and_without_autograd(rows):
+    """Large no-grad batches take the sigmoid form (appo.learning.model.Tanh); outputs agree with torch.tanh, and
+    with autograd the gradient is torch.tanh's."""
+    from appo.learning.model import FAST_TANH_MIN_ELEMENTS, Tanh
+
+    x = torch.randn(rows, 64) * 4
+    with torch.inference_mode():
+        fast = Tanh()(x)
+    assert (rows * 64 >= FAST_TANH_MIN_ELEMENTS) == (rows == 4096)
+    assert torch.allclose(fast, torch.tanh(x), rtol=0, atol=3e-7)
+    assert fast.abs().max() <= 1.0
+    grad_input = x.clone().requires_grad_(True)
+    Tanh()(grad_input).sum().backward()
+    assert torch.allclose(grad_input.grad, 1 - torch.tanh(x) ** 2, atol=1e-6)
