@@ -47,7 +47,7 @@ from appo.memory.buffers import Layout
 from appo.population.matchmaking import num_acting_ids
 from appo.population.pbt import load_population
 from envs import EnvError, EnvInfo, env_info
-from envs.vector import steps_batched, sub_env_step_seconds
+from envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
 from utils.files import atomic_write_text
 from utils.logs import log, setup_logging
 from utils.process import EXIT_BAD_INPUT
@@ -79,9 +79,11 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
                         if flag in given and saved.get(flag) != getattr(cfg, flag)}
             if not extended:
                 return None
-    batched = steps_batched(cfg.env, cfg.batched_sampling)
-    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not batched)
-    if batched and not resuming:  # the auto rules size the sampler and learner by what a sub-env's step costs
+    # The auto rules size the sampler and learner by what an env step costs; a natively vectorised env's sub-env
+    # costs its share of one vectorised step.
+    vectorised = steps_batched(cfg.env, cfg.batched_sampling) and natively_vectorised(cfg.env)
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not vectorised)
+    if vectorised and not resuming:
         info = dataclasses.replace(info, step_seconds=sub_env_step_seconds(cfg.env, env_kwargs(cfg)))
     # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
     auto_lines: list[str] = []

@@ -70,6 +70,12 @@ def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any] | Non
                          autoreset_mode=AutoresetMode.SAME_STEP)
 
 
+def natively_vectorised(env_id: str) -> bool:
+    """Whether `make_vector_env` steps this env's sub-envs in one native call (EnvPool, a gymnasium vector entry
+    point), rather than one after another in a SyncVectorEnv, where a sub-env's step costs what a per-env step does."""
+    return is_envpool_name(env_id) or _vector_entry_point(env_id) is not None
+
+
 def sub_env_step_seconds(env_id: str, env_kwargs: dict[str, Any] | None = None) -> float | None:
     """What one sub-env's step costs when a vectorised env steps many at once, with random actions (None when making
     or stepping it fails: the workers meet the problem and report it). Measured on PROBE_SUB_ENVS[0] sub-envs, and

@@ -133,12 +133,15 @@ def test_fast_vectorised_envs_give_the_learner_bigger_minibatches(flags, sub_env
 
 
 def test_batched_runs_measure_a_sub_env_step():
-    from envs.vector import sub_env_step_seconds
+    from envs.vector import natively_vectorised, sub_env_step_seconds
 
     vectorised = sub_env_step_seconds("CartPole-v1")  # gymnasium's vector entry point, in numpy
     python_loop = sub_env_step_seconds("sleep_env", {"step_seconds": 0.001})  # a SyncVectorEnv: one after another
     assert vectorised < auto.FAST_SUB_ENV_S
     assert 0.001 <= python_loop < 0.01
+    # Start-up measures the vectorised step only where it is native; a SyncVectorEnv's sub-env costs a per-env step.
+    assert natively_vectorised("CartPole-v1") and natively_vectorised("envpool:CartPole-v1")
+    assert not natively_vectorised("sleep_env") and not natively_vectorised("Acrobot-v1")
 
 
 def test_no_measurement_no_sizing():

@@ -21,8 +21,8 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes). Actors
   also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
   Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
-  only add policy lag. With batched sampling the cost is one sub-env's share of a vectorised step
-  (envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
+  only add policy lag. With batched sampling of a natively vectorised env the cost is one sub-env's share of a
+  vectorised step (envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
 - Batched sampling of a vectorised env whose sub-env steps in under FAST_SUB_ENV_S (gymnasium's CartPole vector
   entry point, EnvPool's classic control: a per-env Python loop cannot step any env that fast): the sampler outruns
   a learner at the defaults many times over, so the learner takes bigger minibatches at a learning rate scaled with
