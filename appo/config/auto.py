@@ -71,9 +71,9 @@ def flag_help(name: str) -> str:
                      "(from 1 for multi-agent envs)")
     if name in FAST_BATCHED or name == "num_envs_per_worker":
         value = FAST_BATCHED.get(name, f"{FAST_BATCHED_ENVS_PER_SPLIT} per split")
-        rules.append(f"{value:g}" if isinstance(value, float) else f"{value}")
-        rules[-1] += (f" with batched sampling of sub-envs that step in under {FAST_SUB_ENV_S * 1e6:g} us (measured "
-                      "at start-up)")
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        rules.append(f"{shown} with batched sampling of sub-envs that step in under {FAST_SUB_ENV_S * 1e6:g} us "
+                     "(measured at start-up)")
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
     if name in ("learner_bf16", "inference_bf16"):
