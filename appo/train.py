@@ -33,6 +33,8 @@ from appo.config.cfg import (
     resolve,
     save_cfg,
 )
+from appo.envs import EnvError, EnvInfo, env_info
+from appo.envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
 from appo.hooks import Hooks
 from appo.hooks import registered as registered_hooks
 from appo.learning.checkpoint import (
@@ -46,12 +48,10 @@ from appo.learning.checkpoint import (
 from appo.memory.buffers import Layout
 from appo.population.matchmaking import num_acting_ids
 from appo.population.pbt import load_population
-from envs import EnvError, EnvInfo, env_info
-from envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
-from utils.files import atomic_write_text
-from utils.logs import log, setup_logging
-from utils.process import EXIT_BAD_INPUT
-from utils.resources import SHM_DIR, free_bytes, mb, shm_room, write_failure
+from appo.utils.files import atomic_write_text
+from appo.utils.logs import log, setup_logging
+from appo.utils.process import EXIT_BAD_INPUT
+from appo.utils.resources import SHM_DIR, free_bytes, mb, shm_room, write_failure
 
 # Flags that decide when a run stops: raising one on the command line extends a finished run.
 BUDGET_FLAGS = ("train_for_env_steps", "train_for_seconds", "target_reward", "target_objective")

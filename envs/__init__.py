@@ -1,12 +1,12 @@
 """Environment creation shared by the runner (to read spaces) and actor workers (to step envs)."""
 
-from envs.catch import CatchEnv
-from envs.duel import make_duel_env
-from envs.multi_agent import make_multi_agent_env
-from envs.partially_observed import make_masked_cartpole
-from envs.registry import EnvError, EnvInfo, env_info, make_env, register_env
-from envs.shaped_mountain_car import make_shaped_mountain_car
-from envs.synthetic import make_cpu_env, make_sleep_env
+from appo.envs.catch import CatchEnv
+from appo.envs.duel import make_duel_env
+from appo.envs.multi_agent import make_multi_agent_env
+from appo.envs.partially_observed import make_masked_cartpole
+from appo.envs.registry import EnvError, EnvInfo, env_info, make_env, register_env
+from appo.envs.shaped_mountain_car import make_shaped_mountain_car
+from appo.envs.synthetic import make_cpu_env, make_sleep_env
 
 register_env("sleep_env", make_sleep_env)
 register_env("cpu_env", make_cpu_env)

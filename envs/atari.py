@@ -22,7 +22,7 @@ Wrapper order, innermost first, and why:
    come in `info`.
 
 ale-py (>= 0.9 ships the ROMs) and OpenCV (used by AtariPreprocessing) are imported only inside
-`make_atari`, so `import envs.atari` works without them: `pip install -e ".[atari]"`.
+`make_atari`, so `import appo.envs.atari` works without them: `pip install -e ".[atari]"`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from envs.registry import EnvError
+from appo.envs.registry import EnvError
 
 ATARI_PREFIX = "atari_"
 FRAME_SKIP = 4

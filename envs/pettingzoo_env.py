@@ -1,6 +1,6 @@
 """PettingZoo `ParallelEnv`s as the trainer's multi-agent envs (see `envs/multi_agent.py` for that API).
 
-`envs.make_env` wraps any `package.module:function` whose function returns a ParallelEnv in `PettingZooEnv`,
+`appo.envs.make_env` wraps any `package.module:function` whose function returns a ParallelEnv in `PettingZooEnv`,
 so `--env=mpe2.simple_spread_v3:parallel_env --env_kwargs='{"max_cycles": 25}'` trains unchanged. What the
 adapter does, and why:
 
@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from envs.registry import EnvError
+from appo.envs.registry import EnvError
 
 
 def is_parallel_env(env: Any) -> bool:

@@ -9,7 +9,7 @@ Resolution order:
    are registered on import of `envs`; user code can add its own);
 2. `package.module:function` where `function` is a callable in that module: it is called to make the env.
    A PettingZoo `ParallelEnv` it returns (duck-typed: `possible_agents` and per-agent `observation_space(agent)`)
-   is wrapped in `envs.pettingzoo_env.PettingZooEnv`, one seat per possible agent, so PettingZoo's own make
+   is wrapped in `appo.envs.pettingzoo_env.PettingZooEnv`, one seat per possible agent, so PettingZoo's own make
    functions work as they are: `--env=mpe2.simple_spread_v3:parallel_env --env_kwargs='{"max_cycles": 25}'`
    (`pip install -e ".[pettingzoo]"`), `--env=pettingzoo.butterfly.pistonball_v6:parallel_env` (PettingZoo's
    families need their own extra as well: `pip install "pettingzoo[butterfly]"`);
@@ -90,9 +90,9 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    from envs.atari import is_atari_name, make_atari
-    from envs.doom import is_doom_name, make_doom
-    from envs.vector import ENVPOOL_PREFIX, EnvPoolEnv, is_envpool_name
+    from appo.envs.atari import is_atari_name, make_atari
+    from appo.envs.doom import is_doom_name, make_doom
+    from appo.envs.vector import ENVPOOL_PREFIX, EnvPoolEnv, is_envpool_name
 
     if is_atari_name(env_id):
         return make_atari(env_id, **kwargs)
@@ -120,9 +120,9 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
     """The gymnasium spec `make_env` makes `env_id` from; None when another route makes it (atari_, doom_,
     envpool:, registered names, make functions) or gymnasium does not know it."""
-    from envs.atari import is_atari_name
-    from envs.doom import is_doom_name
-    from envs.vector import is_envpool_name
+    from appo.envs.atari import is_atari_name
+    from appo.envs.doom import is_doom_name
+    from appo.envs.vector import is_envpool_name
 
     if env_id in _REGISTRY or is_atari_name(env_id) or is_doom_name(env_id) or is_envpool_name(env_id):
         return None
@@ -134,7 +134,7 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
 
 def _as_gym_env(env_id: str, env: Any) -> gym.Env:
     """The env a make function returned, with a PettingZoo ParallelEnv wrapped into the multi-agent API."""
-    from envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
+    from appo.envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
 
     if is_parallel_env(env):
         try:

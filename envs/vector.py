@@ -30,9 +30,9 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 
-from envs.atari import FRAME_SKIP, SCREEN_SIZE
-from envs.registry import EnvError, guarded_step_seconds, gym_spec, make_env
-from utils.logs import log
+from appo.envs.atari import FRAME_SKIP, SCREEN_SIZE
+from appo.envs.registry import EnvError, guarded_step_seconds, gym_spec, make_env
+from appo.utils.logs import log
 
 ENVPOOL_PREFIX = "envpool:"
 PROBE_SUB_ENVS = (16, 64)  # sub-envs a start-up measurement steps (sub_env_step_seconds)

@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from envs import register_env
+from appo.envs import register_env
 
 LEFT, STAY, RIGHT = 0, 1, 2
 

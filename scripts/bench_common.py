@@ -18,7 +18,7 @@ from collections.abc import Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from envs import env_info, make_env  # noqa: E402
+from appo.envs import env_info, make_env  # noqa: E402
 
 
 def _step_envs(env_id: str, env_kwargs: dict, num_envs: int, seconds: float, start_at: float, counts, index: int

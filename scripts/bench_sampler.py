@@ -18,7 +18,7 @@ import time
 
 from bench_common import env_steps_for, plain_process_steps, raw_limit, sampler_only_fps
 
-from envs import env_info
+from appo.envs import env_info
 
 
 def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: int, seconds: float, start_at: float,
@@ -28,8 +28,8 @@ def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: 
     from gymnasium.vector.utils import batch_space
     from threadpoolctl import threadpool_limits
 
+    from appo.envs.vector import make_vector_env
     from appo.sampling.vector_stepper import to_env_actions
-    from envs.vector import make_vector_env
 
     threadpool_limits(1)
     per_split = num_envs // num_splits

@@ -48,7 +48,7 @@ from time_to_solve import run_trainer  # noqa: E402
 
 from appo.config.auto import IMAGE_LEARNING, has_images  # noqa: E402
 from appo.config.flags import Config  # noqa: E402
-from envs import env_info  # noqa: E402
+from appo.envs import env_info  # noqa: E402
 
 # The suite's tasks (env and threshold) with this benchmark's budgets: time for a bad start to be rescued.
 PBT_TASKS = {

@@ -5,7 +5,7 @@ every trained policy scored in games against the duel's scripted opponent, and t
 
 Each run trains `python -m appo.train --env=duel --seed=<run>` for --seconds, with the pool flags (`pool`) or
 without them (`latest`: one policy playing both seats), then plays --games games against the scripted opponent
-(`envs.duel.evaluate`: the policy takes the left seat in even games, the right in odd ones; its most likely
+(`appo.envs.duel.evaluate`: the policy takes the left seat in even games, the right in odd ones; its most likely
 action). Two more modes compare PBT's Elo objective: `population` (4 policies playing each other, no PBT) and
 `pbt_elo` (the same with --with_pbt=True --pbt_target_objective=elo); every policy is scored, and the table gives
 the best one's win rate (the JSON has each policy's and the mean). The untrained policy is a freshly initialised
@@ -31,10 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from time_to_solve import run_trainer  # noqa: E402
 
 from appo.config.cfg import parse_config  # noqa: E402
+from appo.envs import env_info  # noqa: E402
+from appo.envs.duel import evaluate  # noqa: E402
 from appo.learning.model import ActorCritic  # noqa: E402
 from appo.learning.trained_policy import TrainedPolicy, load_policy, run_cfg  # noqa: E402
-from envs import env_info  # noqa: E402
-from envs.duel import evaluate  # noqa: E402
 
 POOL_FLAGS = ["--self_play_opponents=8", "--self_play_snapshot_every=50", "--self_play_latest_fraction=0.5"]
 POLICIES = 4  # of the population modes

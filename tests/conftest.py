@@ -1,5 +1,6 @@
 """Helpers for tests that run the real trainer as a subprocess, or drive real learners in-process."""
 
+import importlib.util
 import logging
 import os
 import re
@@ -13,13 +14,23 @@ import pytest
 from faster_fifo import Queue
 
 from appo.config.cfg import parse_config
+from appo.envs import make_env
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.memory.segments import unlink_segment
-from envs import make_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_file(module: str) -> str | None:
+    """The file of `module` as Python finds it (appo.envs.atari is envs/atari.py: pyproject's package-dir); None
+    when there is no such module."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return None
+    return spec.origin if spec is not None else None
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import time
 import gymnasium as gym
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from envs.multi_agent import RendezvousEnv
+from appo.envs.multi_agent import RendezvousEnv
 
 
 class FlakyCartPole(CartPoleEnv):

@@ -12,6 +12,7 @@ import torch
 
 from appo import load_policy
 from appo.config.cfg import parse_args, resolve, save_cfg
+from appo.envs import env_info
 from appo.learning.checkpoint import checkpoint_dir, save_checkpoint
 from appo.learning.policy import Policy
 from appo.learning.trained_policy import PolicyLoadError
@@ -19,7 +20,6 @@ from appo.spaces import obs_spaces
 from appo.tools.enjoy import image_from_obs
 from appo.tools.export import ExportedModel, example_inputs, export_policy, onnx_difference
 from appo.train import flag_value, train
-from envs import env_info
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPACES_ENV = "tests.space_envs:make_spaces_env"

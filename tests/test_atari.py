@@ -1,4 +1,4 @@
-"""`envs.atari`: DeepMind preprocessing on ALE games, episode-per-life handling and the true game score."""
+"""`appo.envs.atari`: DeepMind preprocessing on ALE games, episode-per-life handling and the true game score."""
 
 import subprocess
 import sys
@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("ale_py")
 
-from envs.atari import ATARI_PREFIX, is_atari_name, make_atari  # noqa: E402
-from envs.registry import EnvError  # noqa: E402
+from appo.envs.atari import ATARI_PREFIX, is_atari_name, make_atari  # noqa: E402
+from appo.envs.registry import EnvError  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 
@@ -169,5 +169,5 @@ def test_missing_ale_py_names_the_flag_and_the_extra(monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_import_does_not_load_ale_py():
-    code = "import sys, envs.atari; assert 'ale_py' not in sys.modules"
+    code = "import sys, appo.envs.atari; assert 'ale_py' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

@@ -9,7 +9,7 @@ import pytest
 
 from appo.config import auto
 from appo.config.cfg import build_parser, parse_args
-from envs import EnvInfo, env_info
+from appo.envs import EnvInfo, env_info
 from tests.conftest import last_mean_reward
 from tests.space_envs import ACTIONS, OBS
 
@@ -133,7 +133,7 @@ def test_fast_vectorised_envs_give_the_learner_bigger_minibatches(flags, sub_env
 
 
 def test_batched_runs_measure_a_sub_env_step():
-    from envs.vector import natively_vectorised, sub_env_step_seconds
+    from appo.envs.vector import natively_vectorised, sub_env_step_seconds
 
     vectorised = sub_env_step_seconds("CartPole-v1")  # gymnasium's vector entry point, in numpy
     python_loop = sub_env_step_seconds("sleep_env", {"step_seconds": 0.001})  # a SyncVectorEnv: one after another

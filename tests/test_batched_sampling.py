@@ -26,6 +26,8 @@ from gymnasium.vector.utils import batch_space
 
 from appo.config.cfg import env_kwargs, parse_config, resolve
 from appo.config.checks import ConfigError
+from appo.envs import make_env
+from appo.envs.vector import EnvPoolSameStep, SameStepCartPole, make_vector_env
 from appo.memory.buffers import TERMINATED, TRUNCATED, Layout, TrajBuffers
 from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
@@ -33,8 +35,6 @@ from appo.messages import ActorReport, EpisodeEnd
 from appo.sampling.actor_worker import ActorWorker
 from appo.sampling.vector_stepper import to_env_actions
 from appo.spaces import SINGLE_KEY, to_env_action
-from envs import make_env
-from envs.vector import EnvPoolSameStep, SameStepCartPole, make_vector_env
 from tests.conftest import last_mean_reward
 
 needs_envpool = pytest.mark.skipif(sys.version_info < (3, 11), reason="EnvPool 1.2 needs Python 3.11")

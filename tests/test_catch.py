@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from envs import make_env
-from envs.catch import LEFT, ON, RIGHT, STAY, CatchEnv
+from appo.envs import make_env
+from appo.envs.catch import LEFT, ON, RIGHT, STAY, CatchEnv
 
 
 def toward_ball(env: CatchEnv) -> int:

@@ -22,7 +22,7 @@ from appo.learning.checkpoint import (
     parse_name,
     save_checkpoint,
 )
-from utils.logs import log
+from appo.utils.logs import log
 
 
 class _Records(logging.Handler):

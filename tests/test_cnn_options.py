@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from appo.config.cfg import make_config
+from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
 from appo.learning.model import ActorCritic
-from envs.doom.actions import FULL_BUTTONS, ActionSet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLOAT32_TOLERANCE, BF16_TOLERANCE = 1e-4, 3e-2  # relative L2 error of the outputs (scripts/bench_cnn.py's)

@@ -20,10 +20,10 @@ from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, spec, value_type
 from appo.config.hyperparams import Hyperparams
 from appo.config.views import ROLE_VIEWS, ActorConfig, EvaluatorConfig, InferenceConfig, LearnerConfig, RunnerConfig
 from appo.population.pbt import MUTABLE
-from tests.conftest import REPO
+from tests.conftest import REPO, source_file
 
 # ---------------------------------------------------------------- which flags a module reads (ast)
-FOLLOWED_PACKAGES = ("appo", "envs", "utils")
+FOLLOWED_PACKAGES = ("appo",)
 COMPUTED = "getattr(cfg, <computed name>)"
 
 
@@ -52,8 +52,7 @@ def module_path(module: str) -> str | None:
     """The file of a module of this repository; None for others (the standard library, torch, ...)."""
     if module.split(".")[0] not in FOLLOWED_PACKAGES:
         return None
-    base = os.path.join(REPO, *module.split("."))
-    return next((p for p in (f"{base}.py", os.path.join(base, "__init__.py")) if os.path.exists(p)), None)
+    return source_file(module)
 
 
 @cache

@@ -13,11 +13,11 @@ import numpy as np
 import psutil
 import pytest
 
-from envs import EnvError, make_env
-from envs.doom import shaping
-from envs.doom.actions import FULL_BUTTONS, TURN_BINS, ActionSet
-from envs.doom.engine_guard import instance_id, remove_engine_shm
-from envs.doom.scenarios import SCENARIOS
+from appo.envs import EnvError, make_env
+from appo.envs.doom import shaping
+from appo.envs.doom.actions import FULL_BUTTONS, TURN_BINS, ActionSet
+from appo.envs.doom.engine_guard import instance_id, remove_engine_shm
+from appo.envs.doom.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -176,7 +176,7 @@ def test_missing_vizdoom_names_the_extra(tmp_path):
 def test_kill_9_of_the_owner_leaves_no_engine_and_no_shm():
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
-        from envs import make_env
+        from appo.envs import make_env
         envs = [make_env(name) for name in ("doom_basic", "doom_basic", "doom_multi_duel")]
         for env in envs:
             env.reset()

@@ -18,13 +18,13 @@ import pytest
 from faster_fifo import Queue
 
 from appo.config.cfg import parse_config
+from appo.envs import EnvError, make_env
+from appo.envs.doom import multiplayer, shaping
+from appo.envs.doom.multiplayer import DoomMatchEnv, lease_port, release_port
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.sampling.episodes import EpisodeTracker
-from envs import EnvError, make_env
-from envs.doom import multiplayer, shaping
-from envs.doom.multiplayer import DoomMatchEnv, lease_port, release_port
 
 pytestmark = pytest.mark.timeout(120)
 MATCH = {"num_agents": 2, "num_bots": 0}
@@ -153,7 +153,7 @@ def test_close_leaves_no_player_engine_or_shm():
 def test_kill_9_of_the_owner_leaves_no_player_engine_or_shm():
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
-        from envs import make_env
+        from appo.envs import make_env
         env = make_env("doom_multi_duel", {"num_agents": 2, "num_bots": 0})
         env.reset()
         for _ in range(20):
@@ -176,7 +176,7 @@ def test_kill_9_of_the_owner_leaves_no_player_engine_or_shm():
 def test_ports_are_leased_once_across_processes(monkeypatch):
     held = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
-        from envs.doom import multiplayer
+        from appo.envs.doom import multiplayer
         multiplayer.free_udp_port = lambda: 40123
         print(multiplayer.lease_port(), flush=True)
         time.sleep(60)

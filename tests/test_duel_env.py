@@ -7,8 +7,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs import make_env
-from envs.duel import DOWN, STAY, UP, DuelEnv, aiming_action, evaluate, make_duel_env, scripted_action
+from appo.envs import make_env
+from appo.envs.duel import DOWN, STAY, UP, DuelEnv, aiming_action, evaluate, make_duel_env, scripted_action
 
 
 def place(env: DuelEnv, bx: float, by: float, vx: float, vy: float, p0: float, p1: float) -> None:

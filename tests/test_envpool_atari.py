@@ -15,11 +15,11 @@ from gymnasium.vector.utils import batch_space
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
 
+from appo.envs import make_env  # noqa: E402
+from appo.envs.atari import make_atari  # noqa: E402
+from appo.envs.registry import env_info  # noqa: E402
+from appo.envs.vector import EnvPoolEnv, EnvPoolSameStep, last_step_info, make_vector_env  # noqa: E402
 from appo.sampling.episodes import EpisodeTracker  # noqa: E402
-from envs import make_env  # noqa: E402
-from envs.atari import make_atari  # noqa: E402
-from envs.registry import env_info  # noqa: E402
-from envs.vector import EnvPoolEnv, EnvPoolSameStep, last_step_info, make_vector_env  # noqa: E402
 from tests.test_batched_sampling import make_context  # noqa: E402
 
 BREAKOUT = "envpool:Breakout-v5"

@@ -19,9 +19,9 @@ from appo.learning.learner import MAX_CONSECUTIVE_SKIPPED
 from appo.learning.ppo import replace_nonfinite_
 from appo.messages import SetHyperparams, WorkerFailed, WorkerReady
 from appo.run.supervisor import Supervisor
+from appo.utils.process import FatalError
+from appo.utils.queues import make_queue
 from tests.conftest import last_mean_reward
-from utils.process import FatalError
-from utils.queues import make_queue
 
 SMALL = ["--num_workers=2", "--num_envs_per_worker=4", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
 

@@ -7,21 +7,22 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, source_file
 
 ROOT = pathlib.Path(REPO)
 # Packages (or modules) the runner, the actors or a Ray node import: they must never load torch.
 TORCH_FREE = ["appo.config", "appo.memory", "appo.sampling", "appo.population", "appo.run", "appo.messages",
-              "appo.spaces", "appo.hooks", "appo.train", "envs", "utils"]
+              "appo.spaces", "appo.hooks", "appo.train", "appo.envs", "appo.utils"]
 # The one module of a torch-free package that serves torch: inference runs the model.
 USES_TORCH = {"appo.sampling.inference_worker"}
 
 
 def modules_of(package: str) -> list[str]:
-    path = ROOT / package.replace(".", "/")
-    if path.with_suffix(".py").exists():
+    path = pathlib.Path(source_file(package))
+    if path.name != "__init__.py":
         return [package]
-    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    path = path.parent
+    return sorted(".".join((package, *p.relative_to(path).with_suffix("").parts)).removesuffix(".__init__")
                   for p in path.rglob("*.py"))
 
 

@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs.multi_agent import CooperativeEnv, RendezvousEnv, make_multi_agent_env
+from appo.envs.multi_agent import CooperativeEnv, RendezvousEnv, make_multi_agent_env
 
 
 def heuristic_actions(obs: np.ndarray, num_agents: int, ring_size: int) -> np.ndarray:

@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs import EnvError, make_env
-from envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
+from appo.envs import EnvError, make_env
+from appo.envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
 from tests.conftest import REPO, last_mean_reward
 
 TINY = "tests.test_pettingzoo:make_tiny"

@@ -11,7 +11,7 @@ import time
 import pytest
 from faster_fifo import Empty
 
-from utils.queues import forget_waiters, make_queue, mutex_owner, release_if_held_by, repair_supported
+from appo.utils.queues import forget_waiters, make_queue, mutex_owner, release_if_held_by, repair_supported
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(not repair_supported(), reason="glibc x86-64 layout only")]
 fork = multiprocessing.get_context("fork")

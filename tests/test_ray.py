@@ -20,8 +20,8 @@ from appo.memory.control import SharedControl
 from appo.memory.slots import hand_over_slots, release_slots
 from appo.messages import WAKE
 from appo.run.ray_backend import plan_groups
+from appo.utils.queues import make_queue
 from tests.conftest import last_mean_reward, processes_mentioning, shm_entries
-from utils.queues import make_queue
 
 RAY_PROCESSES = ("raylet", "gcs_server", "plasma_store", "ray::", "default_worker.py", "log_monitor.py",
                  "dashboard", "monitor.py", "runtime_env_agent")

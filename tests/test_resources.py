@@ -19,9 +19,9 @@ from faster_fifo import Empty
 from appo.memory.segments import check_room
 from appo.messages import WorkerFailed, WorkerReady
 from appo.run.supervisor import EARLY_DEATH_S, Supervisor, signal_cause
+from appo.utils.queues import make_queue
+from appo.utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, write_failure
 from tests.conftest import REPO
-from utils.queues import make_queue
-from utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, write_failure
 
 
 def private_tmpfs_works() -> bool:

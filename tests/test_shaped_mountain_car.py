@@ -5,9 +5,9 @@ import random
 import gymnasium as gym
 import pytest
 
+from appo.envs import env_info, make_env
+from appo.envs.shaped_mountain_car import DEFAULT_PUSH_COST, DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
 from appo.population import pbt
-from envs import env_info, make_env
-from envs.shaped_mountain_car import DEFAULT_PUSH_COST, DEFAULT_VELOCITY_BONUS, make_shaped_mountain_car
 
 
 def _run_episode(env: gym.Env, policy) -> tuple[list[float], bool, bool, dict]:

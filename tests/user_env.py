@@ -8,7 +8,7 @@ episode; every step costs 0.02; episodes are cut at 40 steps. Random play mostly
 import gymnasium as gym
 import numpy as np
 
-from envs import register_env
+from appo.envs import register_env
 
 
 class Corridor(gym.Env):

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from utils.logs import log
+from appo.utils.logs import log
 
 EXIT_BAD_INPUT = 2  # a command-line program refused its flags or files (one line on stderr says why)
 EXIT_FATAL = 3  # a worker hit a condition a restart would meet again

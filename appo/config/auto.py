@@ -22,7 +22,7 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
   Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
   only add policy lag. With batched sampling of a natively vectorised env the cost is one sub-env's share of a
-  vectorised step (envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
+  vectorised step (appo.envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
 - Batched sampling of a vectorised env whose sub-env steps in under FAST_SUB_ENV_S (gymnasium's CartPole vector
   entry point, EnvPool's classic control: a per-env Python loop cannot step any env that fast): the sampler outruns
   a learner at the defaults many times over, so the learner takes bigger minibatches at a learning rate scaled with
@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from appo.config.flags import Config
+from appo.envs import EnvInfo
+from appo.envs.vector import steps_batched
 from appo.spaces import action_spec, auto_encoder, obs_spaces
-from envs import EnvInfo
-from envs.vector import steps_batched
 
 COSTLY_STEP_S = 1e-4
 INFERENCE_BATCH = 32

@@ -38,7 +38,7 @@ from appo.config.flags import (
     spec,
     value_type,
 )
-from utils.files import atomic_write_text
+from appo.utils.files import atomic_write_text
 
 __all__ = ["BUILT_IN_ENCODERS", "NO_BUDGET", "Config", "ConfigError", "OneLineParser", "build_parser", "env_kwargs",
            "experiment_dir", "load_saved_cfg", "make_config", "merge_resumed", "parse_args", "parse_config", "resolve",

@@ -79,7 +79,7 @@ def check_splits(cfg: Any) -> None:
 def check_batched_sampling(cfg: Any, num_agents: int) -> None:
     """Batched sampling steps single-agent envs only (each sub-env is one agent, so several policies and PBT map
     policies per sub-env as they do per env); needs the env's agents, so `resolve` calls it, not `validate`."""
-    from envs.vector import steps_batched
+    from appo.envs.vector import steps_batched
 
     if num_agents > 1 and steps_batched(cfg.env, cfg.batched_sampling):
         raise ConfigError(f"--batched_sampling=True steps single-agent envs only: --env={cfg.env} has {num_agents} "

@@ -20,8 +20,8 @@ import re
 import zipfile
 from typing import Any
 
-from utils.files import atomic_write, atomic_write_text
-from utils.logs import log
+from appo.utils.files import atomic_write, atomic_write_text
+from appo.utils.logs import log
 
 _NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pth$")
 # The best evaluated weights of a policy (appo/learning/evaluator.py), beside its rolling checkpoints, never rotated.

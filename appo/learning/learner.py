@@ -53,11 +53,11 @@ from appo.messages import (
 )
 from appo.population.matchmaking import num_acting_ids, snapshot_ids
 from appo.population.pbt import transfer_path
-from utils.files import atomic_write
-from utils.logs import log
-from utils.process import FatalError, init_worker
-from utils.resources import write_failure
-from utils.timing import Timing
+from appo.utils.files import atomic_write
+from appo.utils.logs import log
+from appo.utils.process import FatalError, init_worker
+from appo.utils.resources import write_failure
+from appo.utils.timing import Timing
 
 MAX_CONSECUTIVE_SKIPPED = 100
 INBOX_TIMEOUT_S = 0.05  # the longest a step waits for a message

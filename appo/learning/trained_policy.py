@@ -28,13 +28,13 @@ import torch
 
 from appo.config.cfg import Config, ConfigError, OneLineParser, env_kwargs, resolve, saved_config
 from appo.config.views import EvaluatorConfig
+from appo.envs import env_info
+from appo.envs.atari import is_atari_name
 from appo.learning.checkpoint import BEST_NAME, checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.learning.model import ActorCritic
 from appo.sampling.episodes import extra_stats
 from appo.spaces import obs_as_dict, obs_spaces, to_env_action
-from envs import env_info
-from envs.atari import is_atari_name
-from utils.logs import log
+from appo.utils.logs import log
 
 
 class PolicyLoadError(Exception):

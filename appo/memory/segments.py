@@ -16,7 +16,7 @@ import re
 import time
 
 from appo.memory.control import SharedControl
-from utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, mb, shm_shortfall
+from appo.utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, mb, shm_shortfall
 
 
 def weights_segment_name(run_token: str, policy_id: int) -> str:

@@ -40,7 +40,7 @@ from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
 
 from appo.config.hyperparams import Hyperparams
-from utils.files import atomic_write_text
+from appo.utils.files import atomic_write_text
 
 
 @dataclass(frozen=True)

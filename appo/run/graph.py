@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from appo.config.topology import inference_shards
+from appo.envs import EnvInfo
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.memory.segments import weights_segment_name
 from appo.population.matchmaking import num_acting_ids
 from appo.sampling.sampler_group import SamplerGroup, sampler_queues
-from envs import EnvInfo
-from utils.queues import make_queue
+from appo.utils.queues import make_queue
 
 # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each worker's
 # resident memory creep up for longer: RSS counts the shared pages a process has touched, and a ring's messages

@@ -10,12 +10,12 @@ from __future__ import annotations
 import random
 
 from appo.config.flags import ELO_OBJECTIVE
+from appo.envs import EnvInfo
 from appo.memory.context import WorkerContext
 from appo.messages import ExportWeights, SetHyperparams
 from appo.population import pbt
 from appo.population.ratings import Ratings
-from envs import EnvInfo
-from utils.logs import log
+from appo.utils.logs import log
 
 
 class PbtDriver:

@@ -44,6 +44,7 @@ import numpy as np
 from faster_fifo import Empty, Full
 
 from appo.config.topology import inference_shards
+from appo.envs import EnvInfo
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.context import Queues, WorkerContext, WorkerRole
 from appo.memory.control import SharedControl
@@ -61,10 +62,9 @@ from appo.messages import ActorReport, ClusterReport, InferenceReport, WorkerFai
 from appo.population.matchmaking import num_acting_ids
 from appo.run.supervisor import Supervisor
 from appo.sampling.sampler_group import SamplerGroup, sampler_queues
-from envs import EnvInfo
-from utils.logs import log
-from utils.process import FatalError, init_worker
-from utils.queues import make_queue
+from appo.utils.logs import log
+from appo.utils.process import FatalError, init_worker
+from appo.utils.queues import make_queue
 
 PULL_WAIT_S = 0.02  # a pull with nothing owed waits this long for a trajectory before it returns empty
 NODE_STOP_S = 4.0  # how long the head waits for the groups to stop their processes

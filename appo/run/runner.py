@@ -23,6 +23,7 @@ from faster_fifo import Empty, Full
 from appo.config.flags import Config
 from appo.config.topology import lockstep
 from appo.config.views import RunnerConfig
+from appo.envs import EnvInfo
 from appo.hooks import Hooks
 from appo.learning.checkpoint import newest_checkpoints
 from appo.memory.segments import remove_orphan_segments, unlink_segment
@@ -46,9 +47,8 @@ from appo.run.reporting import Reports
 from appo.run.serial import SerialSupervisor
 from appo.run.stopping import Outcome, budget_outcome, failed, stuck_outcome
 from appo.run.supervisor import Supervisor
-from envs import EnvInfo
-from utils.files import atomic_write_text
-from utils.logs import log
+from appo.utils.files import atomic_write_text
+from appo.utils.logs import log
 
 SHUTDOWN_SECONDS = 8.0
 

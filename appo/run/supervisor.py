@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appo.messages import WorkerFailed
-from utils.logs import log
-from utils.process import EXIT_FATAL, FatalError, die_with_parent
-from utils.queues import forget_waiters, release_if_held_by
-from utils.resources import mb, memory_limit_bytes, oom_kills, shm_room
+from appo.utils.logs import log
+from appo.utils.process import EXIT_FATAL, FatalError, die_with_parent
+from appo.utils.queues import forget_waiters, release_if_held_by
+from appo.utils.resources import mb, memory_limit_bytes, oom_kills, shm_room
 
 RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
 # A worker that dies this soon after its start, twice in a row with the same cause, would die so again: the run
@@ -44,7 +44,7 @@ class Worker:
     role_class: str  # the class in `module` whose `main(*args)` is the process's entry point
     args: Callable[[], tuple]
     cleanup: Callable[[], object]  # lowers the shared-memory flags a death may leave raised
-    inbox: object  # the queue it reads (utils.queues.forget_waiters after its death)
+    inbox: object  # the queue it reads (appo.utils.queues.forget_waiters after its death)
     process: multiprocessing.Process | None = None
     started: float = 0.0  # time.monotonic() of the last start
     ready: bool = False

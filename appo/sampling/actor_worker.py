@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from appo.config.views import ActorConfig
+from appo.envs.vector import steps_batched
 from appo.memory.buffers import WAKE_TIMEOUT_S
 from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import ActorReport, WorkerReady
@@ -39,9 +40,8 @@ from appo.sampling.requests import ActionRequests
 from appo.sampling.slots import SlotAllocator
 from appo.sampling.vector_stepper import VectorStepper
 from appo.spaces import SINGLE_KEY
-from envs.vector import steps_batched
-from utils.process import init_worker
-from utils.timing import Timing
+from appo.utils.process import init_worker
+from appo.utils.timing import Timing
 
 REPORT_INTERVAL_S = 0.25  # episodes reach the runner this soon: a run with --target_reward stops that soon after
 # The longest one step of the main loop blocks: a wait for free slots (learners send a wake-up when they release

@@ -20,13 +20,13 @@ import gymnasium as gym
 import numpy as np
 
 from appo.config.cfg import env_kwargs
+from appo.envs import make_env
 from appo.memory.buffers import TERMINATED, TRUNCATED
 from appo.memory.context import WorkerContext
 from appo.memory.control import MAKE, NO_CALL, RESET, STEP
 from appo.spaces import to_env_action
-from envs import make_env
-from utils.logs import log
-from utils.timing import Timing
+from appo.utils.logs import log
+from appo.utils.timing import Timing
 
 
 class EnvStepper:

@@ -17,7 +17,7 @@ import numpy as np
 from appo.memory.context import WorkerContext
 from appo.messages import EpisodeEnd, GameEnd
 from appo.population.matchmaking import acting_name, num_acting_ids
-from utils.logs import log
+from appo.utils.logs import log
 
 
 def for_agent(value: Any, agent: int) -> Any:

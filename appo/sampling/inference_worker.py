@@ -36,9 +36,9 @@ from appo.memory.buffers import WAKE_TIMEOUT_S
 from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import WAKE, InferenceReport, WorkerReady
 from appo.population.matchmaking import num_acting_ids
-from utils.logs import log
-from utils.process import init_worker
-from utils.timing import Timing
+from appo.utils.logs import log
+from appo.utils.process import init_worker
+from appo.utils.timing import Timing
 
 REPORT_INTERVAL_S = 1.0
 # A small batch waits at most this long for more requests (see InferenceWorker._next_requests).

@@ -15,7 +15,7 @@ import time
 from appo.config.topology import inference_name, inference_shards
 from appo.memory.context import WorkerContext
 from appo.memory.control import ENV_CALLS
-from utils.queues import make_queue
+from appo.utils.queues import make_queue
 
 
 def sampler_queues(cfg) -> tuple[list, list[list]]:

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from appo.config.cfg import ConfigError, env_kwargs, str2bool
+from appo.envs import EnvError, make_env
 from appo.learning.trained_policy import (
     Episode,
     PolicyLoadError,
@@ -31,9 +32,8 @@ from appo.learning.trained_policy import (
     policy_source,
     summarise,
 )
-from envs import EnvError, make_env
-from utils.logs import log, setup_logging
-from utils.process import EXIT_BAD_INPUT
+from appo.utils.logs import log, setup_logging
+from appo.utils.process import EXIT_BAD_INPUT
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,11 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from appo.config.cfg import ConfigError
+from appo.envs import EnvError
 from appo.learning.model import ActorCritic
 from appo.learning.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
 from appo.spaces import obs_spaces
-from envs import EnvError
-from utils.process import EXIT_BAD_INPUT
+from appo.utils.process import EXIT_BAD_INPUT
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
 TOLERANCE = 1e-5

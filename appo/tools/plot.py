@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from appo.config.cfg import ConfigError, OneLineParser
-from utils.process import EXIT_BAD_INPUT
+from appo.utils.process import EXIT_BAD_INPUT
 
 SEED_SUFFIX = re.compile(r"_\d+$")
 X_LABELS = {"env_steps": "env steps (of the policy)", "seconds": "wall-clock time (s)"}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.doom.scenarios import SCENARIOS
-from envs.registry import EnvError
+from appo.envs.doom.scenarios import SCENARIOS
+from appo.envs.registry import EnvError
 
 DOOM_PREFIX = "doom_"
 
@@ -29,8 +29,8 @@ def make_doom(name: str, **kwargs: Any):
     if scenario is None:
         raise EnvError(f"--env={name}: unknown Doom scenario; use one of "
                        f"{', '.join(DOOM_PREFIX + key for key in SCENARIOS)}")
-    from envs.doom.env import DoomEnv
-    from envs.doom.multiplayer import DoomMatchEnv
+    from appo.envs.doom.env import DoomEnv
+    from appo.envs.doom.multiplayer import DoomMatchEnv
 
     num_agents = kwargs.pop("num_agents", 1)
     try:

@@ -25,10 +25,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from envs.doom import shaping
-from envs.doom.actions import FULL_BUTTONS, ActionSet
-from envs.doom.game import Network, add_bots, bot_names, cfg_buttons, free_udp_port, new_game, opponent_frags
-from envs.doom.scenarios import Scenario
+from appo.envs.doom import shaping
+from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
+from appo.envs.doom.game import Network, add_bots, bot_names, cfg_buttons, free_udp_port, new_game, opponent_frags
+from appo.envs.doom.scenarios import Scenario
 
 FRAME_SKIP = 4
 # An engine's /dev/shm entries: a 10.7 MB segment sized for the largest screen, of which a 160x120 game writes

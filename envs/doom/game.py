@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from envs.registry import EnvError
+from appo.envs.registry import EnvError
 
 INSTALL_HINT = 'pip install -e ".[doom]"'
 # Rendered at 160x120 (the smallest 4:3 mode) and resized for the policy (envs/doom/env.py).

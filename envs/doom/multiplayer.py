@@ -15,7 +15,7 @@ episode; damage dealt) and `true_objective` (frags). A `seed` given to reset is 
 
 How a match runs. A ViZDoom network game needs one engine per player. Two such games in threads of one process
 deadlock, and a host whose peer died waits forever inside `make_action`, so every player's game runs in its own
-process, `python -m envs.doom.multiplayer`, started with `subprocess` (actor workers are daemons and may not have
+process, `python -m appo.envs.doom.multiplayer`, started with `subprocess` (actor workers are daemons and may not have
 multiprocessing children). Seat 0 hosts (`-host N`), the others join it on 127.0.0.1. The env process only relays:
 it writes every seat's command to its pipe, then reads every seat's reply with a deadline, so no engine can block
 it. Seats advance in lockstep one tic at a time (a step is `frame_skip` exchanges; only the last renders and
@@ -56,13 +56,13 @@ import gymnasium as gym
 import numpy as np
 import psutil
 
-from envs.doom import shaping
-from envs.doom.actions import FULL_BUTTONS, ActionSet
-from envs.doom.env import DEATHMATCH_MEASUREMENTS, FRAME_SKIP, OBS_HEIGHT, OBS_WIDTH, screen_observation
-from envs.doom.game import MAX_PLAYERS, bot_names, free_udp_port
-from envs.doom.scenarios import Scenario
-from envs.registry import EnvError
-from utils.logs import log
+from appo.envs.doom import shaping
+from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
+from appo.envs.doom.env import DEATHMATCH_MEASUREMENTS, FRAME_SKIP, OBS_HEIGHT, OBS_WIDTH, screen_observation
+from appo.envs.doom.game import MAX_PLAYERS, bot_names, free_udp_port
+from appo.envs.doom.scenarios import Scenario
+from appo.envs.registry import EnvError
+from appo.utils.logs import log
 
 STEP_TIMEOUT_S = 10.0  # a seat that answers a step later than this has hung or desynced: the match is restarted
 START_TIMEOUT_S = 15.0  # engines start and connect (1-3 s on an idle machine); 3 tries stay within a minute
@@ -408,8 +408,8 @@ def serve_seat(spec: SeatSpec) -> int:
     """A player process: build and start this seat's game, then answer commands until the command pipe closes."""
     import vizdoom
 
-    from envs.doom.game import Network, add_bots, new_game
-    from utils.process import die_with_parent
+    from appo.envs.doom.game import Network, add_bots, new_game
+    from appo.utils.process import die_with_parent
 
     die_with_parent(spec.parent_pid, f"doom_seat{spec.seat}")
     for fd in (spec.command_fd, spec.reply_fd):

@@ -13,8 +13,8 @@ from appo.config.views import RunnerConfig
 from appo.messages import Evaluation
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
-from utils.logs import log
-from utils.resources import write_failure
+from appo.utils.logs import log
+from appo.utils.resources import write_failure
 
 
 def guarded(write: Callable) -> Callable:

@@ -16,7 +16,7 @@ import psutil
 
 from appo.config.views import RunnerConfig
 from appo.messages import ActorReport, ClusterReport, EpisodeEnd, Evaluation, InferenceReport, LearnerReport
-from utils.resources import memory_limit_bytes
+from appo.utils.resources import memory_limit_bytes
 
 Clock = Callable[[], float]
 RATE_WINDOWS = (10, 60, 300)  # seconds: the FPS windows of the status line
