@@ -7,9 +7,9 @@ The Python API, for scripts and notebooks:
     policy = load_policy(result.exp_dir)
     action = policy.act(obs, deterministic=True)
 
-Both are imported on first use: actor workers import this package and must not load torch. `train` is
-also the name of the command-line module `appo.train`; importing that module binds the module to the
-package's `train` attribute, so the function is bound over it once it is first asked for.
+`train` is appo/launch.py's (the command line, `python -m appo.train`, is appo/train.py), `load_policy`
+appo/learning/trained_policy.py's. Both are imported on first use: actor workers import this package and must not
+load torch, which `load_policy` needs.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ __all__ = ["load_policy", "train"]
 
 def __getattr__(name: str) -> Any:
     if name == "train":
-        from appo.train import train
+        from appo.launch import train
 
-        globals()["train"] = train
         return train
     if name == "load_policy":
         from appo.learning.trained_policy import load_policy

@@ -38,6 +38,9 @@ ATARI_PREFIX = "atari_"
 FRAME_SKIP = 4
 SCREEN_SIZE = 84
 _INSTALL_HINT = 'pip install -e ".[atari]"'
+# make_atari's options for one episode per whole game, scored unclipped: what training records (a game's
+# info["true_episode_reward"]), for evaluation and enjoy (appo.envs.registry.whole_game_kwargs).
+WHOLE_GAMES = {"episodic_life": False, "clip_rewards": False}
 
 
 def is_atari_name(name: str) -> bool:

@@ -132,6 +132,20 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
         return None
 
 
+def whole_game_kwargs(env_id: str) -> dict[str, Any]:
+    """The env kwargs (over --env_kwargs) under which one episode is one whole game, scored unclipped: evaluation and
+    enjoy play with them, so that they score what training records of an env that ends an episode per lost life and
+    clips rewards (a game's info["true_episode_reward"]). Empty for envs whose episodes are whole games already."""
+    from appo.envs.atari import WHOLE_GAMES, is_atari_name
+    from appo.envs.vector import ENVPOOL_ATARI_WHOLE_GAMES, ENVPOOL_PREFIX, is_envpool_atari, is_envpool_name
+
+    if is_atari_name(env_id):
+        return dict(WHOLE_GAMES)
+    if is_envpool_name(env_id) and is_envpool_atari(env_id[len(ENVPOOL_PREFIX):]):
+        return dict(ENVPOOL_ATARI_WHOLE_GAMES)
+    return {}
+
+
 def _as_gym_env(env_id: str, env: Any) -> gym.Env:
     """The env a make function returned, with a PettingZoo ParallelEnv wrapped into the multi-agent API."""
     from appo.envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env

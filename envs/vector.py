@@ -174,19 +174,33 @@ def envpool_atari_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+# EnvPool Atari's options for one episode per whole game, scored unclipped: what training records (a game's
+# info["true_episode_reward"]), for evaluation and enjoy (appo.envs.registry.whole_game_kwargs).
+ENVPOOL_ATARI_WHOLE_GAMES = {"episodic_life": False, "reward_clip": False}
+
+
+def is_envpool_atari(task_id: str) -> bool:
+    """Whether `task_id` is one of EnvPool's Atari tasks (its module is envpool.atari); False without EnvPool."""
+    try:
+        from envpool.registration import registry
+    except ModuleNotFoundError:
+        return False
+    spec = registry.specs.get(task_id)
+    return spec is not None and spec[0] == "envpool.atari"
+
+
 def make_envpool(task_id: str, num_envs: int, kwargs: dict[str, Any], seed: int | None) -> VectorEnv:
     """An EnvPool pool of `num_envs` sub-envs in sync mode with the gymnasium API; `kwargs` go to envpool.make, over
     `envpool_atari_kwargs`' for an Atari task."""
     try:
         import envpool
-        from envpool.registration import registry
     except ModuleNotFoundError as exc:
         raise EnvError(f'--env={ENVPOOL_PREFIX}{task_id}: EnvPool is not installed; pip install -e ".[envpool]"') \
             from exc
     if task_id not in envpool.list_all_envs():
         raise EnvError(f"--env={ENVPOOL_PREFIX}{task_id}: EnvPool has no task {task_id!r}; envpool.list_all_envs() "
                        "lists them")
-    if registry.specs[task_id][0] == "envpool.atari":  # the task's module: EnvPool's Atari family
+    if is_envpool_atari(task_id):
         kwargs = envpool_atari_kwargs(kwargs)
     seed = int(np.random.default_rng().integers(2**31)) if seed is None else seed  # EnvPool's default is fixed (42)
     return envpool.make(task_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, seed=seed, **kwargs)

@@ -16,9 +16,9 @@ from faster_fifo import Queue
 from appo.config.cfg import parse_config
 from appo.envs import make_env
 from appo.memory.buffers import Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.memory.segments import unlink_segment
+from appo.workers.context import Queues, WorkerContext
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def source_file(module: str) -> str | None:
 
 @pytest.fixture(autouse=True)
 def appo_logger_as_it_was():
-    """An in-process run (`appo.train.train`) sets up the 'appo' logger for the terminal (its own handlers, no
+    """An in-process run (`appo.train()`) sets up the 'appo' logger for the terminal (its own handlers, no
     propagation); put it back after each test, so a later test's `caplog` still sees the records."""
     logger = logging.getLogger("appo")
     state = logger.handlers[:], logger.propagate, logger.level

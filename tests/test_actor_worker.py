@@ -15,10 +15,10 @@ from appo.config.cfg import env_kwargs, parse_config
 from appo.envs import make_env
 from appo.envs.registry import reward_shaping
 from appo.memory.buffers import TRUNCATED, Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.messages import WAKE, ActorReport, WorkerReady
 from appo.sampling.actor_worker import ActorWorker
+from appo.workers.context import Queues, WorkerContext
 
 
 def make_context(*env_args: str, shaping: list[list[float]] | None = None) -> WorkerContext:

@@ -4,14 +4,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import onnxruntime
 import pytest
 import torch
 
-from appo import load_policy
-from appo.config.cfg import parse_args, resolve, save_cfg
+from appo import launch, load_policy, train
+from appo.config.cfg import ConfigError, parse_args, parse_keywords, resolve, save_cfg
 from appo.envs import env_info
 from appo.learning.checkpoint import checkpoint_dir, save_checkpoint
 from appo.learning.policy import Policy
@@ -19,7 +20,6 @@ from appo.learning.trained_policy import PolicyLoadError
 from appo.spaces import obs_spaces
 from appo.tools.enjoy import image_from_obs
 from appo.tools.export import ExportedModel, example_inputs, export_policy, onnx_difference
-from appo.train import flag_value, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPACES_ENV = "tests.space_envs:make_spaces_env"
@@ -178,26 +178,53 @@ def test_export_command(tmp_path):
 
 # ---------------------------------------------------------------- Python API
 def test_package_exports_the_functions_without_loading_torch():
-    code = ("import sys; from appo import train; import appo, appo.train; "
-            "assert callable(train) and appo.train is train, appo.train; "
+    code = ("import sys; from appo import train; import appo, appo.launch; "
+            "assert train is appo.train is appo.launch.train; "
             "assert 'torch' not in sys.modules; "  # the runner forks workers from here: it must stay torch-free
             "from appo import load_policy; assert callable(load_policy)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 
 
-def test_flag_values_are_spelled_as_on_the_command_line():
-    assert flag_value(True) == "True" and flag_value(0.5) == "0.5"
-    assert json.loads(flag_value({"velocity_bonus": 0.5})) == {"velocity_bonus": 0.5}
+def test_keywords_give_the_config_of_the_same_flags():
+    keywords = parse_keywords({"env": "CartPole-v1", "use_rnn": True, "learning_rate": 1e-3, "gamma": 1,
+                               "rnn_size": 64, "env_kwargs": {"max_episode_steps": 100}, "seed": None})
+    flags = parse_args(["--env=CartPole-v1", "--use_rnn=True", "--learning_rate=0.001", "--gamma=1", "--rnn_size=64",
+                        '--env_kwargs={"max_episode_steps": 100}'])
+    assert keywords == (flags[0], flags[1] | {"seed"})
+    cfg = keywords[0]
+    assert cfg.use_rnn is True and cfg.learning_rate == 1e-3 and cfg.hidden_size == 64
+    assert type(cfg.gamma) is float and json.loads(cfg.env_kwargs) == {"max_episode_steps": 100}
+
+
+@pytest.mark.parametrize("keywords, argv", [({"num_workers": 0}, ["--num_workers=0"]),
+                                            ({"num_worker": 2}, ["--num_worker=2"]),  # no abbreviations
+                                            ({"batch_size": 100}, ["--batch_size=100"]),
+                                            ({"device": "tpu"}, ["--device=tpu"])])
+def test_a_bad_keyword_gets_the_error_line_of_the_flag(tmp_path, capsys, keywords, argv):
+    common = {"experiment": "bad", "train_dir": str(tmp_path)}
+    with pytest.raises(ConfigError) as error:
+        train(env="CartPole-v1", **common, **keywords)
+    assert launch.main(["--env=CartPole-v1", *[f"--{name}={value}" for name, value in common.items()], *argv]) == 2
+    assert capsys.readouterr().err == f"error: {error.value}\n"
+    assert not os.path.exists(tmp_path / "bad")
 
 
 def test_train_raises_on_bad_flags_and_writes_nothing(tmp_path):
-    from appo.config.cfg import ConfigError
-
     with pytest.raises(ConfigError, match="num_workers"):
         train(env="CartPole-v1", experiment="bad", train_dir=str(tmp_path), num_workers=0)
     with pytest.raises(ConfigError):
         train(env="CartPole-v1", experiment="bad", train_dir=str(tmp_path), num_worker=2)  # no abbreviations
     assert not os.path.exists(tmp_path / "bad")
+
+
+@pytest.mark.timeout(90)
+def test_train_in_process_leaves_the_interpreters_hooks_as_they_were(tmp_path):
+    """A run in the caller's process, summaries written included, leaves the process-wide exception hooks alone."""
+    hooks = threading.excepthook, sys.unraisablehook
+    result = train(env="CartPole-v1", experiment="hooks", train_dir=str(tmp_path), num_workers=1,
+                   num_envs_per_worker=4, train_for_env_steps=4000, experiment_summaries_interval=0.2)
+    assert result.completed and os.listdir(tmp_path / "hooks" / "summaries" / "0")
+    assert (threading.excepthook, sys.unraisablehook) == hooks
 
 
 @pytest.mark.timeout(300)
@@ -303,7 +330,7 @@ def test_evaluation_best_checkpoint_and_launcher_hooks(trainer):
 def test_a_hook_that_raises_stops_the_run_with_its_name(tmp_path, trainer):
     script = tmp_path / "raising_hook.py"
     script.write_text(
-        "from appo.hooks import Hooks\nfrom appo.train import train\n"
+        "from appo.hooks import Hooks\nfrom appo import train\n"
         "def refuse(event):\n    raise RuntimeError('no checkpoints today')\n"
         f"result = train('CartPole-v1', hooks=Hooks(on_checkpoint=[refuse]), train_dir={trainer.train_dir!r}, "
         "experiment='hooked', num_workers=1, num_envs_per_worker=4, save_every_sec=1, train_for_seconds=60)\n"

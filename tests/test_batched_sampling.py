@@ -29,12 +29,12 @@ from appo.config.checks import ConfigError
 from appo.envs import make_env
 from appo.envs.vector import EnvPoolSameStep, SameStepCartPole, make_vector_env
 from appo.memory.buffers import TERMINATED, TRUNCATED, Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.messages import ActorReport, EpisodeEnd
 from appo.sampling.actor_worker import ActorWorker
 from appo.sampling.vector_stepper import to_env_actions
 from appo.spaces import SINGLE_KEY, to_env_action
+from appo.workers.context import Queues, WorkerContext
 from tests.conftest import last_mean_reward
 
 needs_envpool = pytest.mark.skipif(sys.version_info < (3, 11), reason="EnvPool 1.2 needs Python 3.11")
@@ -200,7 +200,7 @@ def test_a_batched_split_fills_the_trajectory_as_the_per_env_path_does(env_id):
 def test_a_seeded_serial_run_trains_the_same_weights_batched_or_not(tmp_path):
     import torch
 
-    from appo.train import train
+    from appo import train
 
     def final_weights(batched: bool) -> dict:
         result = train(env=COUNT, experiment=f"batched_{batched}", train_dir=str(tmp_path), serial_mode=True, seed=3,

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-import appo.train as train
+from appo import launch, preflight
 from appo.config.cfg import ConfigError, parse_args, save_cfg
 from appo.learning.checkpoint import (
     checkpoint_dir,
@@ -135,7 +135,7 @@ def make_experiment(train_dir: str, *args: str) -> str:
 
 def prepare(train_dir: str, *args: str):
     cfg, given = parse_args([f"--train_dir={train_dir}", "--experiment=exp", "--env=CartPole-v1", *args])
-    return train.prepare(cfg, given)
+    return launch.prepare(cfg, given)
 
 
 def test_restart_moves_the_old_experiment_aside(tmp_path, logged, monkeypatch):
@@ -186,7 +186,7 @@ def test_weakly_ordered_or_unknown_cpu_is_refused_before_anything_is_created(tmp
                                                                                machine):
     monkeypatch.setattr(platform, "machine", lambda: machine)
     train_dir = tmp_path / "train_dir"
-    assert train.main([f"--train_dir={train_dir}", "--experiment=exp", "--env=CartPole-v1"]) == 2
+    assert launch.main([f"--train_dir={train_dir}", "--experiment=exp", "--env=CartPole-v1"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and f"this CPU ({machine or 'unknown'}) is not x86-64" in lines[0], lines
     assert not os.path.exists(train_dir)
@@ -195,10 +195,10 @@ def test_weakly_ordered_or_unknown_cpu_is_refused_before_anything_is_created(tmp
 @pytest.mark.parametrize("machine", ["x86_64", "AMD64"])
 def test_x86_64_is_accepted(monkeypatch, machine):
     monkeypatch.setattr(platform, "machine", lambda: machine)
-    train.check_platform()
+    preflight.check_platform()
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     with pytest.raises(ConfigError, match="ARM64"):
-        train.check_platform()
+        preflight.check_platform()
 
 
 @pytest.mark.timeout(90)

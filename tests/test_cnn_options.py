@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from appo.config.cfg import make_config
 from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
@@ -119,6 +120,49 @@ def test_bf16_inference_copy_follows_every_weight_change_and_stays_out_of_the_st
     stepped32 = outputs(model, obs, states, dones, grad=False)
     assert relative_error(stepped32[1], expected[1]) > BF16_TOLERANCE  # the step moved the values
     assert relative_error(stepped[1], stepped32[1]) <= BF16_TOLERANCE
+
+
+class BatchNormEncoder(nn.Module):
+    """A user's image encoder (--encoder=tests.test_cnn_options:BatchNormEncoder) with a BatchNorm: statistics held
+    as buffers, and a forward pass that depends on the train or eval mode."""
+
+    def __init__(self, space: gym.spaces.Box, cfg):
+        super().__init__()
+        self.conv = nn.Conv2d(space.shape[0], 8, 8, stride=4)
+        self.norm = nn.BatchNorm2d(8)
+        self.out_size = 8 * ((space.shape[1] - 8) // 4 + 1) * ((space.shape[2] - 8) // 4 + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x))).flatten(1)
+
+
+def test_bf16_inference_copy_follows_buffers_and_the_train_or_eval_mode():
+    """The bfloat16 copy of an encoder with a BatchNorm normalises with the statistics the model holds now (published
+    weights carry them into inference workers) and as the model's mode says (batch statistics in train mode)."""
+    torch.manual_seed(0)
+    obs_space, action_space = SPACES["breakout"]
+    model = ActorCritic(obs_space, action_space,
+                        make_config(env="unused", encoder="tests.test_cnn_options:BatchNormEncoder")).eval()
+    obs = {"obs": torch.randint(0, 256, (8, 1, *obs_space.shape), dtype=torch.uint8)}
+    states, dones = torch.zeros(8, model.state_size), torch.zeros(8, 1)
+
+    def bf16_and_float32() -> tuple[torch.Tensor, torch.Tensor]:
+        """Values through the bfloat16 copy, then through the float32 model."""
+        model.set_bf16_images(True)
+        bf16 = outputs(model, obs, states, dones, grad=False)[1]
+        model.set_bf16_images(False)
+        return bf16, outputs(model, obs, states, dones, grad=False)[1]
+
+    before, _ = bf16_and_float32()  # the copy is made
+    norm = model.trunks[0]["encoder"].encoders["obs"].norm
+    with torch.inference_mode():  # as an inference worker loads published statistics
+        norm.running_mean.copy_(torch.full_like(norm.running_mean, 0.5))
+        norm.running_var.copy_(torch.full_like(norm.running_var, 0.01))
+    loaded, loaded32 = bf16_and_float32()
+    assert relative_error(loaded, loaded32) <= BF16_TOLERANCE < relative_error(before, loaded32)
+    model.train()
+    batch, batch32 = bf16_and_float32()
+    assert relative_error(batch, batch32) <= BF16_TOLERANCE < relative_error(loaded32, batch32)
 
 
 def test_bench_cnn_checks_and_measures_each_option():

@@ -17,9 +17,8 @@ from appo.config import Config, ConfigError
 from appo.config.cfg import build_parser, load_saved_cfg, make_config, merge_resumed, parse_args, save_cfg, saved_config
 from appo.config.checks import validate
 from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, spec, value_type
-from appo.config.hyperparams import Hyperparams
+from appo.config.hyperparams import MUTABLE, Hyperparams
 from appo.config.views import ROLE_VIEWS, ActorConfig, EvaluatorConfig, InferenceConfig, LearnerConfig, RunnerConfig
-from appo.population.pbt import MUTABLE
 from tests.conftest import REPO, source_file
 
 # ---------------------------------------------------------------- which flags a module reads (ast)

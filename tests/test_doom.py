@@ -1,23 +1,28 @@
-"""Doom (envs/doom/): every scenario builds, steps and resets; actions and measurements; the deathmatch reward;
-engines cleaned up after close and after kill -9 of their owner; the missing extra named."""
+"""Doom (envs/doom/): every scenario offered builds, steps and resets, and every .cfg of the wheel is offered or its
+absence explained; actions and measurements; the deathmatch reward; hosted games on leased ports; engines cleaned up
+after close and after kill -9 of their owner; the missing extra named."""
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
 from appo.envs import EnvError, make_env
-from appo.envs.doom import shaping
+from appo.envs.doom import game, shaping
 from appo.envs.doom.actions import FULL_BUTTONS, TURN_BINS, ActionSet
 from appo.envs.doom.engine_guard import instance_id, remove_engine_shm
+from appo.envs.doom.game import lease_port, release_port
 from appo.envs.doom.scenarios import SCENARIOS
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,6 +62,18 @@ def test_every_scenario_builds_steps_and_resets(scenario):
         env.reset()
     finally:
         env.close()
+
+
+def test_every_cfg_of_the_wheel_is_offered_or_its_absence_explained():
+    import vizdoom
+
+    shipped = {path.name for path in Path(vizdoom.scenarios_path).glob("*.cfg")}
+    offered = {scenario.cfg for scenario in SCENARIOS.values()}
+    guide = Path(REPO, "docs", "doom.md").read_text()
+    table = guide[guide.index("| .cfg | why not |"):]
+    explained = set(re.findall(r"`(\w+\.cfg)`", table[:table.index("\n\n")]))
+    assert not offered - shipped and not offered & explained
+    assert shipped - offered == explained, "offer these, or say in docs/doom.md why not"
 
 
 def test_basic_rewards_and_episode_end_in_its_own_units():
@@ -158,6 +175,28 @@ def test_bot_match_reports_frags_and_takes_new_shaping():
         assert info["true_objective"] == info["episode_extra_stats"]["frags"]
     finally:
         env.close()
+
+
+def test_games_with_bots_started_together_host_on_ports_of_their_own(monkeypatch):
+    """Two games with bots, started together (their engines start in threads) and both offered the same free port
+    first, as two probes made at once may be: each hosts on a port of its own, leased until its env closes."""
+    real_free_udp_port = game.free_udp_port
+    shared = real_free_udp_port()
+    offers = [shared, shared]
+    monkeypatch.setattr(game, "free_udp_port", lambda: offers.pop() if offers else real_free_udp_port())
+    envs = [make_env("doom_multi_duel", {"episode_tics": 140}) for _ in range(2)]
+    try:
+        for env in envs:
+            env.reset(seed=0)
+            env.step(env.action_space.sample())
+        ports = [env.port for env in envs]
+        assert shared in ports and len(set(ports)) == 2
+    finally:
+        for env in envs:
+            env.close()
+    offers.append(shared)
+    assert lease_port() == shared  # given back at close
+    release_port(shared)
 
 
 def test_unknown_scenario_and_bad_options_are_one_line_errors():

@@ -4,13 +4,17 @@ broken match, nothing left behind after close or kill -9; and the per-agent epis
 Engines are checked per process tree (psutil), not with a machine-wide pgrep: other runs may host Doom meanwhile."""
 
 import itertools
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import psutil
@@ -19,12 +23,14 @@ from faster_fifo import Queue
 
 from appo.config.cfg import parse_config
 from appo.envs import EnvError, make_env
-from appo.envs.doom import multiplayer, shaping
-from appo.envs.doom.multiplayer import DoomMatchEnv, lease_port, release_port
+from appo.envs.doom import game, shaping
+from appo.envs.doom.game import lease_port, release_port
+from appo.envs.doom.multiplayer import DoomMatchEnv
 from appo.memory.buffers import Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.sampling.episodes import EpisodeTracker
+from appo.workers.context import Queues, WorkerContext
+from tests.test_resources import in_private_mount, needs_private_tmpfs
 
 pytestmark = pytest.mark.timeout(120)
 MATCH = {"num_agents": 2, "num_bots": 0}
@@ -176,15 +182,15 @@ def test_kill_9_of_the_owner_leaves_no_player_engine_or_shm():
 def test_ports_are_leased_once_across_processes(monkeypatch):
     held = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
-        from appo.envs.doom import multiplayer
-        multiplayer.free_udp_port = lambda: 40123
-        print(multiplayer.lease_port(), flush=True)
+        from appo.envs.doom import game
+        game.free_udp_port = lambda: 40123
+        print(game.lease_port(), flush=True)
         time.sleep(60)
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert held.stdout.readline().strip() == "40123"
         offers = iter([40123, 40123, 40124, 40124, 40125])
-        monkeypatch.setattr(multiplayer, "free_udp_port", lambda: next(offers))
+        monkeypatch.setattr(game, "free_udp_port", lambda: next(offers))
         first = lease_port()  # 40123 is another process's: refused
         second = lease_port()  # 40124 is this process's already: refused
         assert (first, second) == (40124, 40125)
@@ -193,9 +199,28 @@ def test_ports_are_leased_once_across_processes(monkeypatch):
     finally:
         held.kill()
         held.wait()
-    monkeypatch.setattr(multiplayer, "free_udp_port", lambda: 40123)
+    monkeypatch.setattr(game, "free_udp_port", lambda: 40123)
     assert lease_port() == 40123  # the kernel dropped the dead process's lock
     release_port(40123)
+
+
+def test_ports_leased_together_by_threads_differ(monkeypatch):
+    """A worker's envs start their engines in threads at once, and probes made together may find the same free
+    port: offered one port first, each of 8 threads leasing at the same moment gets a port of its own."""
+    real_free_udp_port = game.free_udp_port
+    offers = [real_free_udp_port()] * 8
+    monkeypatch.setattr(game, "free_udp_port", lambda: offers.pop() if offers else real_free_udp_port())
+    together = threading.Barrier(8)
+
+    def lease(_) -> int:
+        together.wait(timeout=10)
+        return lease_port()
+
+    with ThreadPoolExecutor(8) as pool:
+        ports = list(pool.map(lease, range(8)))
+    for port in ports:
+        release_port(port)
+    assert len(set(ports)) == 8, ports
 
 
 def tracker_for_two_agents(policies: int = 1) -> tuple[EpisodeTracker, object]:
@@ -241,8 +266,8 @@ def test_a_game_is_won_on_the_per_agent_true_objective_and_else_on_the_return():
 def test_a_host_that_cannot_bind_its_port_is_started_again_on_another(monkeypatch):
     taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a program outside the trainer holds the port
     taken.bind(("127.0.0.1", 0))
-    offers = itertools.chain([taken.getsockname()[1]], iter(multiplayer.free_udp_port, None))
-    monkeypatch.setattr(multiplayer, "free_udp_port", lambda: next(offers))
+    offers = itertools.chain([taken.getsockname()[1]], iter(game.free_udp_port, None))
+    monkeypatch.setattr(game, "free_udp_port", lambda: next(offers))
     env = make_env("doom_multi_duel", MATCH)
     try:
         assert env.match.port == taken.getsockname()[1]
@@ -252,3 +277,23 @@ def test_a_host_that_cannot_bind_its_port_is_started_again_on_another(monkeypatc
     finally:
         env.close()
         taken.close()
+
+
+@needs_private_tmpfs
+@pytest.mark.timeout(120)
+def test_a_match_run_whose_engines_the_shared_memory_cannot_hold_is_refused_at_start(tmp_path):
+    """8 duels are 16 engines of 128 KB of /dev/shm each: with the weights (about 8 MB at the defaults) they do not
+    fit in 9 MB, though the weights alone do. The run is refused in one line (exit code 2) before its workers
+    start; the env probed for its spaces leaves nothing behind and the experiment dir is not made."""
+    result = in_private_mount(
+        f"mount -t tmpfs -o size=9m tmpfs /dev/shm && {sys.executable} -m appo.train --env=doom_multi_duel "
+        f"--env_kwargs='{json.dumps(MATCH)}' --num_workers=1 --num_envs_per_worker=8 --train_for_seconds=5 "
+        f"--experiment=refused --train_dir={tmp_path}; echo exit=$? left=$(ls /dev/shm)", timeout=100)
+    assert result.stdout.rstrip().endswith("exit=2 left="), result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (tmp_path / "refused").exists() and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    refused = re.fullmatch(r"error: /dev/shm is too small for this run: 1 weights segment \(one per policy and "
+                           r"self-play snapshot, ([\d.]+) MB each\) and 8 envs \(256 KB each[^)]*\) need [\d.]+ MB, "
+                           r"/dev/shm has [\d.]+ MB free: .*--shm-size.*", line)
+    assert refused, line
+    assert float(refused.group(1)) < 9, "the weights alone must fit for this test to be about the engines"

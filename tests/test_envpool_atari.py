@@ -4,10 +4,12 @@ Checked: the observation and action spaces equal atari_breakout's and `--env_kwa
 seeded pool played with random actions, a plain loop over EnvPool's own per-step info (unclipped reward, lives) finds
 every game, and the episode tracker, fed as an actor feeds it, records exactly those games (score, length), once
 each, while a lost life ends an episode (terminated) and records nothing; the per-env API goes on with the game after
-a lost life; a short in-process training run reports whole games."""
+a lost life; a short in-process training run reports whole games, and evaluation and enjoy score the same whole
+games, unclipped."""
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector.utils import batch_space
@@ -19,6 +21,7 @@ from appo.envs import make_env  # noqa: E402
 from appo.envs.atari import make_atari  # noqa: E402
 from appo.envs.registry import env_info  # noqa: E402
 from appo.envs.vector import EnvPoolEnv, EnvPoolSameStep, last_step_info, make_vector_env  # noqa: E402
+from appo.learning.trained_policy import episode_env_kwargs, load_policy, play  # noqa: E402
 from appo.sampling.episodes import EpisodeTracker  # noqa: E402
 from tests.test_batched_sampling import make_context  # noqa: E402
 
@@ -112,8 +115,8 @@ def test_the_per_env_api_goes_on_with_the_game_after_a_lost_life():
 
 @pytest.mark.timeout(60)
 def test_a_training_run_reports_whole_games(tmp_path):
+    from appo import train
     from appo.hooks import Hooks
-    from appo.train import train
 
     episodes = []
     train(env=BREAKOUT, experiment="envpool_atari", train_dir=str(tmp_path), serial_mode=True, seed=1, num_workers=1,
@@ -124,3 +127,36 @@ def test_a_training_run_reports_whole_games(tmp_path):
     # A random Breakout life lasts about 36 steps, a game 5 of them (180, at least 116 in 30 games); a score is a
     # whole number of points.
     assert all(e.length >= 80 and e.reward == int(e.reward) >= 0 for e in episodes), episodes
+
+
+class TrainingScores(gym.Wrapper):
+    """Keeps, at every episode end, the score training records of it: the game's info["true_episode_reward"], None
+    for an episode that is not a whole game (a lost life, which training does not record)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.scores: list[float | None] = []
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            self.scores.append(info.get("true_episode_reward"))
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env_id", [BREAKOUT, "envpool:SpaceInvaders-v5", "atari_space_invaders"])
+def test_evaluation_and_enjoy_score_the_whole_unclipped_games_training_records(tmp_path, env_id):
+    """The evaluator (and so best.pth) and enjoy play the envs `episode_env_kwargs` makes of the run's flags: each
+    episode is a whole game whose return is its unclipped score, as training records it. A fresh policy, sampled,
+    plays; in Space Invaders every point scored is 5 or more, so a clipped return would fall short."""
+    from tests.test_after_training import make_experiment
+
+    policy = load_policy(make_experiment(tmp_path, "scored", f"--env={env_id}"))
+    envs = [TrainingScores(make_env(env_id, episode_env_kwargs(policy.cfg))) for _ in range(2)]
+    episodes = play(policy, envs, 4, deterministic=False, max_frames=20_000, seed=0, log_episodes=False)
+    scores = [score for env in envs for score in env.scores]
+    assert len(episodes) == 4 and None not in scores
+    assert sorted(e.reward for e in episodes) == sorted(scores)
+    for env in envs:
+        env.close()

@@ -21,6 +21,7 @@ from appo.messages import SetHyperparams, WorkerFailed, WorkerReady
 from appo.run.supervisor import Supervisor
 from appo.utils.process import FatalError
 from appo.utils.queues import make_queue
+from appo.workers.roles import Role, nothing_to_lower
 from tests.conftest import last_mean_reward
 
 SMALL = ["--num_workers=2", "--num_envs_per_worker=4", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
@@ -235,8 +236,8 @@ class CrashingWorker:
 def test_a_crash_after_ready_is_replaceable_and_one_before_is_permanent(ready):
     report_queue = make_queue()
     supervisor = Supervisor(report_queue, max_restarts=3)
-    supervisor.add("actor_0", "tests.test_faults", "CrashingWorker", lambda: (report_queue, "actor_0", ready),
-                   cleanup=lambda: None, inbox=make_queue())
+    role = Role("actor", "tests.test_faults:CrashingWorker", nothing_to_lower)
+    supervisor.add("actor_0", role, lambda: (report_queue, "actor_0", ready), inbox=make_queue())
     supervisor.workers["actor_0"].process.join(10)
     for message in report_queue.get_many(timeout=1):
         if isinstance(message, WorkerReady):

@@ -11,8 +11,9 @@ from tests.conftest import REPO, source_file
 
 ROOT = pathlib.Path(REPO)
 # Packages (or modules) the runner, the actors or a Ray node import: they must never load torch.
-TORCH_FREE = ["appo.config", "appo.memory", "appo.sampling", "appo.population", "appo.run", "appo.messages",
-              "appo.spaces", "appo.hooks", "appo.train", "appo.envs", "appo.utils"]
+TORCH_FREE = ["appo.config", "appo.memory", "appo.workers", "appo.sampling", "appo.population", "appo.run",
+              "appo.messages", "appo.spaces", "appo.hooks", "appo.train", "appo.launch", "appo.preflight", "appo.envs",
+              "appo.utils"]
 # The one module of a torch-free package that serves torch: inference runs the model.
 USES_TORCH = {"appo.sampling.inference_worker"}
 
@@ -41,28 +42,55 @@ def test_the_inference_worker_is_the_torch_user_of_sampling():
     assert "import torch" in source  # the exception above is real, not a stale entry
 
 
-# Lower layers never import higher ones: memory and config sit under sampling and learning, which sit under run.
-LAYERS = {"appo.memory": 0, "appo.config": 0, "appo.population": 0, "appo.spaces": 0, "appo.messages": 0,
-          "appo.sampling": 1, "appo.learning": 1, "appo.run": 2, "appo.tools": 2}
+# Lower layers never import higher ones: memory, config and the env helpers at the bottom; population (which reads the
+# flags and PBT's bounds) and workers (what a worker process is and is handed) on them; sampling and learning, whose
+# workers those are, above; the runner and the tools on top.
+LAYERS = {"appo.memory": 0, "appo.config": 0, "appo.envs": 0, "appo.spaces": 0, "appo.messages": 0,
+          "appo.population": 1, "appo.workers": 1,
+          "appo.sampling": 2, "appo.learning": 2,
+          "appo.run": 3, "appo.tools": 3}
+# Packages of one layer that stay apart, but for the listed modules: inference (a sampling module) runs the
+# learner's model; nothing in learning imports sampling.
+APART = [("appo.sampling", "appo.learning", USES_TORCH)]
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def layer_of(module: str) -> int | None:
     for prefix, layer in LAYERS.items():
-        if module == prefix or module.startswith(prefix + "."):
+        if within(module, prefix):
             return layer
     return None
 
 
+def appo_imports() -> list[tuple[str, str]]:
+    """(importing module, imported module) for every `from appo... import` in appo/ and envs/, lazy ones included."""
+    edges = []
+    for folder, package in (("appo", "appo"), ("envs", "appo.envs")):
+        for path in (ROOT / folder).rglob("*.py"):
+            module = ".".join((package, *path.relative_to(ROOT / folder).with_suffix("").parts))
+            edges += [(module, node.module) for node in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("appo.")]
+    return edges
+
+
 def test_no_import_runs_back_up():
     offences = []
-    for path in (ROOT / "appo").rglob("*.py"):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        own = layer_of(module)
-        if own is None:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("appo."):
-                target = layer_of(node.module)
-                if target is not None and target > own:
-                    offences.append(f"{module} imports {node.module}")
+    for module, target in appo_imports():
+        own, imported = layer_of(module), layer_of(target)
+        if own is not None and imported is not None and imported > own:
+            offences.append(f"{module} imports {target}")
+    assert offences == []
+
+
+def test_packages_of_one_layer_stay_apart():
+    offences = []
+    for module, target in appo_imports():
+        for first, second, allowed in APART:
+            crosses = ((within(module, first) and within(target, second))
+                       or (within(module, second) and within(target, first)))
+            if crosses and module not in allowed:
+                offences.append(f"{module} imports {target}")
     assert offences == []

@@ -139,6 +139,17 @@ def test_a_lead_within_the_noise_replaces_nobody():
         assert next(e.kind for e in events if e.policy == 1) == kind, errors
 
 
+def test_elo_ratings_are_replaced_by_a_gap_in_rating_points_at_any_level():
+    """Ratings have no natural zero: a lead means the same at 1000 as at 2000, so it decides alone."""
+    assert pbt.Settings.from_cfg(make_config(env="CartPole-v1")).replace_elo_gap is None
+    elo = pbt.Settings.from_cfg(make_config(num_agents=2, env="duel", pbt_target_objective="elo"))
+    assert elo.replace_elo_gap == 100.0
+    for lead, kind in ((90.0, "mutate"), (150.0, "replace")):
+        for level in (-300.0, 1000.0, 2000.0):
+            events = pbt.decide([50_000] * 2, [level + lead, level], members(2), elo, random.Random(0))
+            assert next(e.kind for e in events if e.policy == 1) == kind, (level, lead)
+
+
 # ---------------------------------------------------------------- mutation
 def test_perturbations_stay_within_bounds_and_factors():
     rng = random.Random(0)

@@ -1,20 +1,53 @@
 """The queue repairs the runner makes after a worker died inside a faster-fifo call (utils/queues.py).
 
-Each test reproduces the fault with real processes: without the repair, the last process hangs."""
+Each fault test reproduces the fault with real processes: without the repair, the last process hangs. The repairs
+find faster-fifo's mutex and condition variables in a fresh queue; where pthread types are glibc x86-64's, a
+faster-fifo in which they cannot be found fails here rather than skipping."""
 
 import contextlib
+import importlib.metadata
 import multiprocessing
 import os
 import signal
+import struct
 import time
 
 import pytest
 from faster_fifo import Empty
 
-from appo.utils.queues import forget_waiters, make_queue, mutex_owner, release_if_held_by, repair_supported
+from appo.utils.queues import (
+    SyncLayout,
+    forget_waiters,
+    glibc_x86_64,
+    locate_sync_objects,
+    make_queue,
+    mutex_owner,
+    release_if_held_by,
+    repair_supported,
+)
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(not repair_supported(), reason="glibc x86-64 layout only")]
+pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(not glibc_x86_64(), reason="glibc x86-64 pthread types only")]
 fork = multiprocessing.get_context("fork")
+
+
+def fresh_object(*size_t_fields: int, kind: int = 128, after: bytes = b"") -> bytes:
+    """A fresh faster-fifo Queue object as glibc x86-64 lays it out: its size_t fields, the process-shared mutex
+    attribute (and padding), the mutex (`kind`: 128, process-shared), the condition attribute, the two waiter counts
+    (and padding), the two process-shared condition variables (__wrefs 1), then `after`."""
+    condition = struct.pack("12i", *[0] * 9, 1, 0, 0)
+    return (struct.pack(f"{len(size_t_fields)}Q", *size_t_fields) + struct.pack("2i", -2**31, 0)
+            + struct.pack("10i", 0, 0, 0, 0, kind, 0, 0, 0, 0, 0) + struct.pack("4i", 1, 0, 0, 0) + 2 * condition
+            + after)
+
+
+def test_the_mutex_is_found_in_every_faster_fifo_layout():
+    # 1.4.5: max_size_bytes, head, tail, size, num_elem; 1.4.6 to 1.5.2: maxsize after max_size_bytes.
+    assert locate_sync_objects(fresh_object(1000, 0, 0, 0, 0)) == SyncLayout(mutex=48, waiters=92)
+    assert locate_sync_objects(fresh_object(1000, 10**9, 0, 0, 0, 0)) == SyncLayout(mutex=56, waiters=100)
+    assert locate_sync_objects(fresh_object(1000, 0, 0, 0, 0, after=bytes(8))) is None  # a field after the conditions
+    assert locate_sync_objects(fresh_object(1000, 0, 0, 0, 0, kind=0)) is None  # not a process-shared mutex
+    version = importlib.metadata.version("faster-fifo")
+    assert repair_supported(), f"faster-fifo {version}: its queue's mutex and condition variables are not found"
 
 
 def _hold_the_lock_often(queue) -> None:

@@ -254,3 +254,35 @@ def test_cluster_line_fits_counts_node_restarts_and_the_network_can_be_the_bottl
     assert summary["cluster"] == {"groups": 4, "trajectory_bytes_per_s": 12e6, "weights_bytes_per_s": 1e6,
                                   "head_busy": 0.9}
     assert summary["bottleneck"].startswith("network: the head's cluster process is busy 90%")
+
+
+def test_event_files_read_as_tensorboardx_writes_them(tmp_path):
+    """appo writes event files with tensorboard's pieces (no torch in the runner); tensorboardX reads them
+    (records, checks and messages), and a text summary is byte for byte the one tensorboardX makes."""
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.record_writer import masked_crc32c
+    from tensorboardX.summary import text
+
+    from appo.run.reporting.event_file import EventFile
+
+    writer = EventFile(str(tmp_path / "summaries" / "0"))
+    writer.add_scalar("perf/fps_10s", 1234.5, 0)
+    writer.add_scalar("episode_extra/goal rate", 1e40, 2**40)  # a tag tensorboard refuses, beyond float32
+    writer.add_text("selfplay/table", "p0 vs p1: 3 wins\n\nüber", 7)
+    writer.close()
+    with open(writer.path, "rb") as f:
+        data = f.read()
+    events = []
+    while data:
+        header, length = data[:8], int.from_bytes(data[:8], "little")
+        record = data[12:12 + length]
+        assert data[8:12] == masked_crc32c(header).to_bytes(4, "little")
+        assert data[12 + length:16 + length] == masked_crc32c(record).to_bytes(4, "little")
+        events.append(event_pb2.Event.FromString(record))
+        data = data[16 + length:]
+    assert events[0].file_version == "brain.Event:2"
+    values = [(event.step, event.summary.value[0]) for event in events[1:]]
+    assert [(step, value.tag, value.simple_value) for step, value in values[:2]] == [
+        (0, "perf/fps_10s", 1234.5), (2**40, "episode_extra/goal_rate", float("inf"))]
+    made_by_tensorboardx = text("selfplay/table", "p0 vs p1: 3 wins\n\nüber").value[0]
+    assert values[2][0] == 7 and values[2][1].SerializeToString() == made_by_tensorboardx.SerializeToString()

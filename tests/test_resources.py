@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 from faster_fifo import Empty
 
@@ -20,7 +21,15 @@ from appo.memory.segments import check_room
 from appo.messages import WorkerFailed, WorkerReady
 from appo.run.supervisor import EARLY_DEATH_S, Supervisor, signal_cause
 from appo.utils.queues import make_queue
-from appo.utils.resources import SHM_DIR, SharedMemoryExhausted, free_bytes, write_failure
+from appo.utils.resources import (
+    SHM_DIR,
+    SharedMemoryExhausted,
+    free_bytes,
+    memory_limit_bytes,
+    oom_kills,
+    write_failure,
+)
+from appo.workers.roles import Role, nothing_to_lower
 from tests.conftest import REPO
 
 
@@ -41,7 +50,8 @@ def in_private_mount(script: str, timeout: float) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout)
 
 
-# What another process does to --train_dir 5 s into a 12 s run, how it is undone, what the learner then says. (A
+# What another process does to --train_dir once a 12 s run has saved its first checkpoint, how it is undone, what
+# the learner then says. (A
 # filesystem turning read-only cannot be played here: the kernel refuses to remount one with files open to write.)
 DISK_TROUBLE = {
     "full": ("dd if=/dev/zero of={dir}/filler bs=4k 2>/dev/null", "rm {dir}/filler", r"full|No space left"),
@@ -54,9 +64,10 @@ DISK_TROUBLE = {
 def test_a_disk_that_fails_mid_run_costs_checkpoints_not_the_run(tmp_path, trouble):
     cause, undo, said = (text.format(dir=tmp_path) for text in DISK_TROUBLE[trouble])
     train = f"{sys.executable} -m appo.train --env=CartPole-v1 --experiment=disk --train_dir={tmp_path}"
+    first_checkpoint = f"until ls {tmp_path}/disk/checkpoint_p0/checkpoint_*.pth >/dev/null 2>&1; do sleep 0.1; done"
     result = in_private_mount(
         f"mount -t tmpfs -o size=2m tmpfs {tmp_path} && ({train} --train_for_seconds=12 --save_every_sec=1 & "
-        f"sleep 5; {cause}; wait $!; echo exit=$?; {undo}; {train} --train_for_seconds=16)", timeout=110)
+        f"{first_checkpoint}; {cause}; wait $!; echo exit=$?; {undo}; {train} --train_for_seconds=16)", timeout=110)
     first, _, second = result.stdout.partition("exit=")
     assert second.startswith("0"), result.stdout[-3000:] + result.stderr[-3000:]
     assert "Logging error" not in result.stdout + result.stderr and "Traceback" not in result.stdout + result.stderr
@@ -116,8 +127,8 @@ class DiesBySigbus:
 def test_a_worker_that_dies_the_same_way_twice_at_start_stops_the_run():
     report_queue = make_queue()
     supervisor = Supervisor(report_queue, max_restarts=10)
-    supervisor.add("actor_0", "tests.test_resources", "DiesBySigbus", lambda: (report_queue, "actor_0"),
-                   cleanup=lambda: None, inbox=make_queue())
+    role = Role("actor", "tests.test_resources:DiesBySigbus", nothing_to_lower)
+    supervisor.add("actor_0", role, lambda: (report_queue, "actor_0"), inbox=make_queue())
 
     def drain() -> None:
         try:
@@ -145,3 +156,49 @@ def test_causes_name_what_the_kernel_says():
     assert "shared memory exhausted" in signal_cause(signal.SIGBUS, 0)
     full = write_failure("/nonexistent/dir/x.pth", OSError(28, "No space left on device"))
     assert full.startswith("could not write /nonexistent/dir/x.pth: ") and " free" in full
+
+
+# ---------------------------------------------------------------- the cgroup's memory limit and OOM kills
+MB = 2**20
+UNLIMITED_V1 = "9223372036854771712"  # what cgroup v1 says when there is no limit
+CGROUPS = {  # /proc/self/cgroup, files under /sys/fs/cgroup, then the limit (MB) and the OOM kills to read there
+    "v2 nested: the lowest limit of the cgroup and those above it": (
+        "0::/user.slice/app.scope\n",
+        {"user.slice/memory.max": f"{300 * MB}\n", "user.slice/app.scope/memory.max": f"{200 * MB}\n",
+         "user.slice/app.scope/memory.events": "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n"},
+        200, 2),
+    "v2: no limit on the cgroup, one above it": (
+        "0::/user.slice/app.scope\n",
+        {"user.slice/memory.max": f"{300 * MB}\n", "user.slice/app.scope/memory.max": "max\n",
+         "user.slice/app.scope/memory.events": "oom 0\noom_kill 0\n", "user.slice/memory.events": "oom_kill 7\n"},
+        300, 0),
+    "v2 in a cgroup namespace: the root is the container's cgroup": (
+        "0::/\n", {"memory.max": f"{250 * MB}\n", "memory.events": "oom_kill 1\n"}, 250, 1),
+    "hybrid: v1's memory controller": (
+        "12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/docker/abc\n",
+        {"memory/memory.limit_in_bytes": f"{UNLIMITED_V1}\n",
+         "memory/docker/abc/memory.limit_in_bytes": f"{150 * MB}\n",
+         "memory/docker/abc/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
+         "memory/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 9\n"},
+        150, 5),
+    "v1 without a cgroup namespace: the host's path, the container's cgroup at the root": (
+        "4:memory,hugetlb:/docker/abc\n",
+        {"memory/memory.limit_in_bytes": f"{100 * MB}\n", "memory/memory.oom_control": "oom_kill 3\n"}, 100, 3),
+    "no /proc/self/cgroup: the roots": (None, {"memory.max": f"{120 * MB}\n"}, 120, None),
+    "no cgroup files: the machine": ("0::/app.scope\n", {}, None, None),
+}
+
+
+@pytest.mark.parametrize("case", CGROUPS)
+def test_the_memory_limit_and_oom_kills_are_read_in_the_process_own_cgroup(tmp_path, case):
+    proc_self_cgroup, files, limit_mb, kills = CGROUPS[case]
+    if proc_self_cgroup is not None:
+        (tmp_path / "proc" / "self").mkdir(parents=True)
+        (tmp_path / "proc" / "self" / "cgroup").write_text(proc_self_cgroup)
+    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
+    for path, text in files.items():
+        (tmp_path / "sys" / "fs" / "cgroup" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / "fs" / "cgroup" / path).write_text(text)
+    machine = psutil.virtual_memory().total
+    assert memory_limit_bytes(str(tmp_path)) == (machine if limit_mb is None else min(machine, limit_mb * MB))
+    assert oom_kills(str(tmp_path)) == kills

@@ -9,18 +9,13 @@ import pytest
 import torch
 
 from appo.config.cfg import ConfigError, parse_config
+from appo.config.checks import MappingError
 from appo.config.flags import Config
+from appo.config.topology import learning_policy, num_acting_ids, snapshot_ids
 from appo.learning.losses import gae
 from appo.learning.policy import Policy
 from appo.learning.ppo import bootstrap_values, train_step
-from appo.population.matchmaking import (
-    MappingError,
-    Matchmaker,
-    acting_name,
-    learning_policy,
-    num_acting_ids,
-    snapshot_ids,
-)
+from appo.population.matchmaking import Matchmaker, acting_name
 from appo.population.ratings import ELO_START, Ratings, elo_update, expected_score
 from tests.conftest import LearnerRig
 

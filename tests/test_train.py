@@ -266,8 +266,8 @@ def test_serial_mode_gives_the_multiprocess_runs_result(trainer):
 
 @pytest.mark.timeout(90)
 def test_serial_mode_runs_a_whole_run_in_this_process(tmp_path):
+    from appo import train
     from appo.hooks import Hooks
-    from appo.train import train
 
     children_seen = []
     result = train(env="CartPole-v1", experiment="serial", train_dir=str(tmp_path), serial_mode=True,

@@ -18,18 +18,24 @@ from __future__ import annotations
 import ctypes
 import functools
 import pickle
+import platform
+import struct
 import sys
+import threading
+from dataclasses import dataclass
 
 from faster_fifo import Queue
 
-# glibc x86-64 layout of faster-fifo 1.5's C++ Queue object (queue_obj_buffer): six size_t fields, the mutex
-# attribute (4 bytes), then the pthread_mutex_t, whose int fields are __lock, __count, __owner, __nusers, __kind.
-_MUTEX_OFFSET = 56
-_LOCK, _OWNER, _KIND = 0, 2, 4
-# Then the condition attribute (4 bytes), the two waiter counts (ints), and the not_empty and not_full
-# pthread_cond_t (48 bytes each).
-_WAITERS_OFFSET, _OBJECT_SIZE = 100, 208
-_PSHARED_BIT = 128  # set in __kind of a process-shared mutex
+# glibc x86-64's pthread types in faster-fifo's C++ Queue object (queue_obj_buffer), in this order after its size_t
+# fields: the mutex attribute (an int, then padding), the pthread_mutex_t (ints __lock, __count, __owner, __nusers,
+# __kind, then zeros), the condition attribute (an int), the two waiter counts (ints), then the not_empty and not_full
+# pthread_cond_t up to the object's end. The size_t fields differ between versions (1.4.5 has five, 1.4.6 to 1.5.2
+# six: maxsize), so `locate_sync_objects` finds the mutex in a fresh queue's bytes instead of taking an offset on trust.
+_MUTEX_SIZE, _COND_SIZE = 40, 48
+_OWNER = 2  # the mutex's int field __owner
+_FRESH_MUTEX = (0, 0, 0, 0, 128, 0, 0, 0, 0, 0)  # pthread_mutex_init's process-shared mutex (__kind's PSHARED bit)
+_MUTEXATTR_PSHARED = -2**31  # the mutex attribute's int with PTHREAD_MUTEXATTR_FLAG_PSHARED (0x80000000)
+_CONDATTR_PSHARED = 1  # the condition attribute's int with its process-shared bit
 _SYS_FUTEX, _FUTEX_WAKE = 202, 1
 
 
@@ -39,19 +45,63 @@ def make_queue(max_size_bytes: int = 1_000_000) -> Queue:
                  dumps=functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _mutex_words(queue: Queue) -> ctypes.Array:
-    return (ctypes.c_int * 5).from_address(ctypes.addressof(queue.queue_obj_buffer) + _MUTEX_OFFSET)
+def glibc_x86_64() -> bool:
+    """Whether pthread types here are glibc x86-64's, the only ones the repairs know."""
+    return sys.platform.startswith("linux") and platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
+
+
+@dataclass(frozen=True)
+class SyncLayout:
+    """Where a faster-fifo Queue object keeps its mutex and condition variables (byte offsets)."""
+
+    mutex: int
+    waiters: int  # the waiter counts; they and the condition variables run to the object's end
+
+
+def locate_sync_objects(fresh_object: bytes) -> SyncLayout | None:
+    """The layout of a fresh queue's object: the one 8-aligned spot holding a fresh process-shared mutex, after a
+    process-shared mutex attribute and before a process-shared condition attribute, with the waiter counts and two
+    condition variables filling the rest of the object. None when there is no such spot, or more than one."""
+    size = len(fresh_object)
+    if size % 8:
+        return None
+    words = struct.unpack(f"{size // 4}i", fresh_object)
+    found = [offset for offset in range(8, size - _MUTEX_SIZE, 8)
+             if words[(offset - 8) // 4] == _MUTEXATTR_PSHARED
+             and words[offset // 4:(offset + _MUTEX_SIZE) // 4] == _FRESH_MUTEX
+             and words[(offset + _MUTEX_SIZE) // 4] == _CONDATTR_PSHARED]
+    if len(found) != 1:
+        return None
+    waiters = found[0] + _MUTEX_SIZE + 4
+    conditions = (waiters + 8 + 7) // 8 * 8  # 8-aligned after the two counts
+    return SyncLayout(found[0], waiters) if conditions + 2 * _COND_SIZE == size else None
 
 
 @functools.cache
-def repair_supported() -> bool:
-    """Whether the layout above is the one in memory (Linux x86-64, a fresh queue shows a process-shared mutex)."""
-    if not sys.platform.startswith("linux"):
-        return False
+def _layout() -> SyncLayout | None:
+    """The installed faster-fifo's layout (`locate_sync_objects` on a fresh queue), confirmed by locking that mutex
+    through libc, which must write this thread's id in its owner field; None where the repairs cannot work."""
+    if not glibc_x86_64():
+        return None
     fresh = Queue(max_size_bytes=1000)
-    words = _mutex_words(fresh)
-    return (len(fresh.queue_obj_buffer) == _OBJECT_SIZE and words[_KIND] & _PSHARED_BIT != 0 and words[_LOCK] == 0
-            and words[_OWNER] == 0)
+    layout = locate_sync_objects(bytes(fresh.queue_obj_buffer))
+    if layout is None:
+        return None
+    mutex, libc = ctypes.c_void_p(ctypes.addressof(fresh.queue_obj_buffer) + layout.mutex), _libc()
+    if libc.pthread_mutex_lock(mutex) != 0:
+        return None
+    owner = _mutex_words(fresh, layout)[_OWNER]
+    libc.pthread_mutex_unlock(mutex)
+    return layout if owner == threading.get_native_id() else None
+
+
+def _mutex_words(queue: Queue, layout: SyncLayout) -> ctypes.Array:
+    return (ctypes.c_int * 5).from_address(ctypes.addressof(queue.queue_obj_buffer) + layout.mutex)
+
+
+def repair_supported() -> bool:
+    """Whether the repairs know where the installed faster-fifo keeps its mutex and condition variables."""
+    return _layout() is not None
 
 
 def _libc() -> ctypes.CDLL:
@@ -59,19 +109,25 @@ def _libc() -> ctypes.CDLL:
 
 
 def mutex_owner(queue: Queue) -> int:
-    """Thread id (the pid, for a single-threaded worker) holding the queue's mutex; 0 when free."""
-    return _mutex_words(queue)[_OWNER]
+    """Thread id (the pid, for a single-threaded worker) holding the queue's mutex; 0 when free, or when the layout is
+    unknown (`repair_supported`)."""
+    layout = _layout()
+    return 0 if layout is None else _mutex_words(queue, layout)[_OWNER]
 
 
 def release_if_held_by(queue: Queue, pid: int) -> bool:
     """If dead process `pid` holds the queue's mutex, reset the queue to a fresh empty one in place and wake the
     processes blocked on the mutex; returns whether it did."""
-    if not repair_supported() or mutex_owner(queue) != pid:
+    layout = _layout()
+    if layout is None or mutex_owner(queue) != pid:
         return False
-    fresh = Queue(max_size_bytes=queue.max_size_bytes, maxsize=queue.maxsize)
+    sizes = {"max_size_bytes": queue.max_size_bytes}
+    if hasattr(queue, "maxsize"):  # faster-fifo >= 1.4.6
+        sizes["maxsize"] = queue.maxsize
+    fresh = Queue(**sizes)
     ctypes.memmove(ctypes.addressof(queue.queue_obj_buffer), ctypes.addressof(fresh.queue_obj_buffer),
                    len(fresh.queue_obj_buffer))
-    lock_word = ctypes.addressof(queue.queue_obj_buffer) + _MUTEX_OFFSET
+    lock_word = ctypes.addressof(queue.queue_obj_buffer) + layout.mutex
     _libc().syscall(_SYS_FUTEX, ctypes.c_void_p(lock_word), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
     return True
 
@@ -79,12 +135,13 @@ def release_if_held_by(queue: Queue, pid: int) -> bool:
 def forget_waiters(queue: Queue) -> None:
     """Re-initialise the queue's condition variables (and waiter counts) under its mutex. Only for a queue whose
     reader died and has no replacement yet: its only waiter was the dead reader, so no live process waits."""
-    if not repair_supported():
+    layout = _layout()
+    if layout is None:
         return
-    base = ctypes.addressof(queue.queue_obj_buffer)
+    base, size = ctypes.addressof(queue.queue_obj_buffer), len(queue.queue_obj_buffer)
     fresh = Queue(max_size_bytes=1000)  # only its condition variables are copied, which do not depend on the size
-    mutex, libc = ctypes.c_void_p(base + _MUTEX_OFFSET), _libc()
+    mutex, libc = ctypes.c_void_p(base + layout.mutex), _libc()
     libc.pthread_mutex_lock(mutex)
-    ctypes.memmove(base + _WAITERS_OFFSET, ctypes.addressof(fresh.queue_obj_buffer) + _WAITERS_OFFSET,
-                   _OBJECT_SIZE - _WAITERS_OFFSET)
+    ctypes.memmove(base + layout.waiters, ctypes.addressof(fresh.queue_obj_buffer) + layout.waiters,
+                   size - layout.waiters)
     libc.pthread_mutex_unlock(mutex)

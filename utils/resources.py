@@ -58,29 +58,64 @@ def write_failure(path: str, error: BaseException) -> str:
     return f"could not write {path}: {what}; {mb(free)} free there"
 
 
-def memory_limit_bytes() -> int:
-    """The memory this run may use: the machine's, or the cgroup's limit when it is lower (v2 or v1)."""
+def memory_cgroup_dirs(root: str = "/") -> list[str]:
+    """The folders of this process's memory cgroup and of the cgroups above it that the filesystem shows, innermost
+    first (a limit on any of them applies); `root` is the filesystem's root (tests point it at a fake tree).
+
+    /proc/self/cgroup names the cgroup: the line of cgroup v1's memory controller ("4:memory:/docker/abc", under
+    sys/fs/cgroup/memory) where there is one, since a hybrid system's memory limits are v1's, else cgroup v2's
+    ("0::/user.slice/app.scope", under sys/fs/cgroup). A container that mounts its own cgroup at the root of the
+    hierarchy while /proc/self/cgroup names the host's path (v1 without a cgroup namespace) shows only that root,
+    which is then its cgroup. Without /proc/self/cgroup: the roots of v2 and v1."""
+    mount = os.path.join(root, "sys", "fs", "cgroup")
+    try:
+        with open(os.path.join(root, "proc", "self", "cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return [folder for folder in (mount, os.path.join(mount, "memory")) if os.path.isdir(folder)]
+    base, path = mount, "/"
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, cgroup = rest.partition(":")
+        if "memory" in controllers.split(","):
+            base, path = os.path.join(mount, "memory"), cgroup
+            break
+        if hierarchy == "0" and not controllers:
+            path = cgroup
+    parts = [part for part in path.split("/") if part]
+    folders = (os.path.join(base, *parts[:depth]) for depth in range(len(parts), -1, -1))
+    return [folder for folder in folders if os.path.isdir(folder)]
+
+
+def _cgroup_file(folder: str, name: str) -> str:
+    """The file's text; empty when the kernel has no such file there."""
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def memory_limit_bytes(root: str = "/") -> int:
+    """The memory this run may use: the machine's, or the lowest limit of its cgroup and those above it when lower
+    (memory.max of v2, memory.limit_in_bytes of v1; see memory_cgroup_dirs)."""
     limit = psutil.virtual_memory().total
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limit = min(limit, int(text))
+    for folder in memory_cgroup_dirs(root):
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            text = _cgroup_file(folder, name).strip()
+            if text.isdigit():  # v2 says "max" when there is none
+                limit = min(limit, int(text))
     return limit
 
 
-def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer took in this cgroup so far (None when the kernel does not say)."""
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
+def oom_kills(root: str = "/") -> int | None:
+    """How many processes the kernel's OOM killer took in this process's cgroup so far (memory.events of v2,
+    memory.oom_control of v1, in the innermost folder of memory_cgroup_dirs that has one; None when the kernel does
+    not say)."""
+    for folder in memory_cgroup_dirs(root):
+        for name in ("memory.events", "memory.oom_control"):
+            for line in _cgroup_file(folder, name).splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
     return None

@@ -3,7 +3,7 @@
 The defaults in --help suit vector observations and cheap envs (CartPole, LunarLander, Pendulum, MuJoCo). At the
 start of a new experiment the rules below look at what the env is, its observation space and the measured cost of
 one step, and replace a default where the task needs another value. A flag typed on the command line (or passed
-to `appo.train.train`) always wins. Each choice is logged once as "auto: ..." and saved in cfg.json, so a resumed
+to `appo.train()`) always wins. Each choice is logged once as "auto: ..." and saved in cfg.json, so a resumed
 run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Defaults that adapt").
 
 - Encoder (`--encoder=auto`): mlp for vectors; nature_cnn for images, small_cnn when a side is under 36 pixels.

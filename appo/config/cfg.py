@@ -4,11 +4,12 @@ The parser and `--help` are made from the flag table (appo/config/flags.py); bad
 naming the flag and what would be valid (`ConfigError`, appo/config/checks.py), before anything is written to the
 experiment dir. A `Config` goes through these steps, each returning a new one (none is ever changed in place):
 
-    parse_args (validated)  ->  merge_resumed (a resumed run: the saved cfg.json)  ->  auto.apply (a new run: the
-    env's defaults, appo/config/auto.py)  ->  resolve (the values that depend on the env)
+    parse_args or parse_keywords (validated)  ->  merge_resumed (a resumed run: the saved cfg.json)  ->  auto.apply
+    (a new run: the env's defaults, appo/config/auto.py)  ->  resolve (the values that depend on the env)
 
-appo/train.py runs them; the last `Config` goes to the runner and so to every worker. Tests and scripts build one
-with `make_config(env=..., **flags)` or `parse_config(argv)`. Torch-free.
+appo/launch.py runs them (`parse_args` for the command line, `parse_keywords` for `appo.train()`); the last `Config`
+goes to the runner and so to every worker. Tests and scripts build one with `make_config(env=..., **flags)` or
+`parse_config(argv)`. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import numbers
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from appo.config.checks import (
@@ -33,6 +36,7 @@ from appo.config.flags import (
     ELO_OBJECTIVE,
     FLAG_NAMES,
     NO_BUDGET,
+    RESTART_BEHAVIOR,
     RESTART_BEHAVIORS,
     Config,
     spec,
@@ -41,8 +45,8 @@ from appo.config.flags import (
 from appo.utils.files import atomic_write_text
 
 __all__ = ["BUILT_IN_ENCODERS", "NO_BUDGET", "Config", "ConfigError", "OneLineParser", "build_parser", "env_kwargs",
-           "experiment_dir", "load_saved_cfg", "make_config", "merge_resumed", "parse_args", "parse_config", "resolve",
-           "save_cfg", "saved_config", "str2bool", "validate", "validate_encoder"]
+           "experiment_dir", "load_saved_cfg", "make_config", "merge_resumed", "parse_args", "parse_config",
+           "parse_keywords", "resolve", "save_cfg", "saved_config", "str2bool", "validate", "validate_encoder"]
 
 DESCRIPTION = ("Asynchronous PPO: actor workers, batched inference workers and one learner per policy. Sample "
                "Factory's flag names are accepted too (listed next to ours; --rnn_size is --hidden_size, which also "
@@ -116,30 +120,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def explicit_flags(argv: list[str]) -> set[str]:
-    """Names of the flags the user typed on the command line, aliases included (they override a resume)."""
-    names = {option: name for name in FLAG_NAMES for option in (name, *spec(name).aliases)}
-    names["restart_behavior"] = "restart"
-    given = set()
-    for token in argv:
-        if token.startswith("--"):
-            option = token[2:].split("=", 1)[0]
-            given.add(names.get(option, option))
-    return given
+# Every option of the command line, by the flag it sets: each flag, its Sample Factory names, and --restart_behavior.
+OPTIONS = {option: name for name in (*FLAG_NAMES, *COMMAND_LINE_ONLY) for option in (name, *spec(name).aliases)}
+
+
+def given_flags(options: Iterable[str]) -> set[str]:
+    """The flags the user gave, by our names (--restart_behavior is --restart): they override a resumed run's saved
+    values."""
+    names = {**OPTIONS, "restart_behavior": "restart"}
+    return {names.get(option, option) for option in options}
+
+
+def checked_config(values: dict[str, Any]) -> Config:
+    """The validated `Config` of these flag values, Sample Factory's spellings turned into ours (--restart_behavior
+    into --restart, --device=gpu into cuda)."""
+    behavior = values.pop("restart_behavior", None)
+    if behavior is not None:
+        if behavior not in RESTART_BEHAVIORS:  # a keyword: the parser has checked the command line's
+            raise ConfigError(f"--restart_behavior={behavior}: must be one of {', '.join(RESTART_BEHAVIOR.choices)}")
+        values["restart"] = RESTART_BEHAVIORS[behavior]
+    if values.get("device") == "gpu":
+        values["device"] = "cuda"
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Config, set[str]]:
     """The command line as a validated `Config` (not yet resolved), and the names of the flags given on it."""
     argv = sys.argv[1:] if argv is None else argv
     values = vars(build_parser().parse_args(argv))
-    behavior = values.pop("restart_behavior")
-    if behavior is not None:
-        values["restart"] = RESTART_BEHAVIORS[behavior]
-    if values["device"] == "gpu":
-        values["device"] = "cuda"
-    cfg = Config(**values)
-    validate(cfg)
-    return cfg, explicit_flags(argv)
+    return checked_config(values), given_flags(token[2:].split("=", 1)[0] for token in argv if token.startswith("--"))
+
+
+def keyword_value(name: str, value: Any) -> Any:
+    """A Python value as the flag holds it: a number as the flag's kind (numpy's numbers too), a dict or list as its
+    JSON text (--env_kwargs). Anything else is kept for `validate` to judge: a string for a number flag is refused
+    there, as is a number for a string flag."""
+    kind, _ = value_type(name)
+    if isinstance(value, bool):
+        return value
+    if kind is float and isinstance(value, numbers.Real):
+        return float(value)
+    if kind is int and isinstance(value, numbers.Integral):
+        return int(value)
+    if kind is str and isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return value
+
+
+def parse_keywords(flags: dict[str, Any]) -> tuple[Config, set[str]]:
+    """Python keywords (`train(env="CartPole-v1", use_rnn=True)`) as a validated `Config` (not yet resolved) and the
+    names of the flags given: what `parse_args` makes of the same flags on the command line, with the same checks
+    and error lines (but for a value of the wrong type or choice, which argparse words its own way on the command
+    line). A keyword is an option of the command line (a flag, or one of its Sample Factory names); its value a
+    Python value of the flag's type (`keyword_value`)."""
+    unknown = [f"--{option}={value}" for option, value in flags.items() if option not in OPTIONS]
+    if unknown:
+        raise ConfigError(f"unrecognized arguments: {' '.join(unknown)} (see --help)")  # as argparse says it
+    values = {OPTIONS[option]: value if option in COMMAND_LINE_ONLY else keyword_value(OPTIONS[option], value)
+              for option, value in flags.items()}
+    return checked_config(values), given_flags(flags)
 
 
 # ---------------------------------------------------------------- values that depend on the env
@@ -227,10 +268,9 @@ def saved_config(path: str) -> Config:
 
 # ---------------------------------------------------------------- for tests and scripts
 def make_config(num_agents: int = 1, **flags: Any) -> Config:
-    """The defaults with `flags` on top (`env` is required), validated and resolved for an env of `num_agents`."""
-    cfg = Config(**flags)
-    validate(cfg)
-    return resolve(cfg, num_agents)
+    """The defaults with `flags` on top (`env` is required; keywords as `parse_keywords` takes them), validated and
+    resolved for an env of `num_agents`."""
+    return resolve(parse_keywords(flags)[0], num_agents)
 
 
 def parse_config(argv: list[str], num_agents: int = 1) -> Config:

@@ -8,18 +8,30 @@ against the built-in names and those registered so far, without importing the mo
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
 import re
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from appo.config.flags import FLAG_NAMES, spec, value_type
 
 
 class ConfigError(Exception):
     """A user-facing configuration problem; its message is printed as one line."""
+
+
+class MappingError(Exception):
+    """--policy_mapping cannot be loaded or returned something unusable; the message says what."""
+
+
+# A user mapping: (agents of the env, learning policies, random generator) -> a learning policy per agent.
+MappingFn = Callable[[int, int, np.random.Generator], Sequence[int]]
 
 
 # The encoders appo/learning/model.py builds in (`auto` picks one of them by the observation).
@@ -120,12 +132,25 @@ def check_self_play(cfg: Any) -> None:
                           "inference workers of a policy serve its snapshots too)")
 
 
+def load_mapping(mapping: str) -> MappingFn:
+    """The function `--policy_mapping=package.module:function` names (appo/population/matchmaking.py calls it)."""
+    module_name, _, attribute = mapping.partition(":")
+    if not module_name or not attribute:
+        raise MappingError(f"--policy_mapping={mapping}: use the form package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MappingError(f"--policy_mapping={mapping}: cannot import {module_name!r} ({exc})") from exc
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise MappingError(f"--policy_mapping={mapping}: {module_name} has no function {attribute!r}")
+    return function
+
+
 def check_policy_mapping(cfg: Any) -> None:
     """--policy_mapping names a function that can be imported."""
     if cfg.policy_mapping is None:
         return
-    from appo.population.matchmaking import MappingError, load_mapping
-
     try:
         load_mapping(cfg.policy_mapping)
     except MappingError as exc:

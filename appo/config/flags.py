@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from appo.config.hyperparams import MUTABLE
+
 # --help groups, in the order --help lists them
 EXPERIMENT = "experiment"
 SAMPLING = "sampling"
@@ -89,9 +91,7 @@ def flag(default: Any, group: str, help: str, *, aliases: tuple[str, ...] = (), 
 
 
 def pbt_bounds() -> str:
-    """The bounds PBT keeps each hyper-parameter within (appo/population/pbt.py MUTABLE), for --with_pbt's help."""
-    from appo.population.pbt import MUTABLE
-
+    """The bounds PBT keeps each hyper-parameter within (appo/config/hyperparams.py MUTABLE), for --with_pbt's help."""
     bounds = ", ".join(f"{name} [{b.low:g}, {b.high:g}] (prior [{b.prior[0]:g}, {b.prior[1]:g}])"
                        for name, b in MUTABLE.items())
     return (f"Mutated, within hard bounds, resampled from priors: {bounds} (gamma only with --pbt_optimize_gamma; "
@@ -332,12 +332,18 @@ class Config:
                                          "A bottom policy is replaced only if the top one's objective exceeds its own "
                                          "by this fraction of the larger magnitude of the two (works for negative "
                                          "returns too), by more than --pbt_replace_reward_gap_absolute, and by "
-                                         "--pbt_replace_confidence standard errors (their episodes' noise).",
+                                         "--pbt_replace_confidence standard errors (their episodes' noise). Not "
+                                         "for --pbt_target_objective=elo: see --pbt_replace_elo_gap.",
                                          valid="[0, inf)")
     pbt_replace_reward_gap_absolute: float = flag(1e-6, PBT,
                                                   "The least amount by which the top policy's objective must exceed a "
                                                   "bottom one's for a replacement (see --pbt_replace_reward_gap).",
                                                   valid="[0, inf)")
+    pbt_replace_elo_gap: float = flag(100.0, PBT,
+                                      "With --pbt_target_objective=elo, a bottom policy is replaced only if the top "
+                                      "one's rating exceeds its own by more than this many Elo points, whatever the "
+                                      "rating level (100: the top one is expected to score 64% against it; the ratings "
+                                      "of two equal policies drift about 55 apart).", valid="[0, inf)")
     pbt_replace_confidence: float = flag(2.0, PBT,
                                          "A replacement also needs the top policy's objective ahead by this many "
                                          "standard errors of the difference of the two means (each over --stats_avg "

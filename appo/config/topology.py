@@ -1,24 +1,47 @@
-"""The shape of a run's process graph, derived from the flags: which inference workers serve which policies,
-how many trajectories make an iteration, and whether a seeded run goes in lockstep.
+"""The shape of a run's process graph, derived from the flags: who acts, which inference workers serve whom, how many
+trajectories make an iteration, and whether a seeded run goes in lockstep.
 
-An inference *shard* is a set of acting ids (policies and their self-play snapshots) served by its own
---policy_workers_per_policy inference workers; with --shared_inference_workers=True there is one shard.
+Acting ids. Requests for actions, weights and versions are indexed by an *acting id*: the learning policies
+are ids 0..P-1 (each with a learner), and with `--self_play_opponents=K` policy p's K snapshots are the ids
+P + p*K + k, k = 0..K-1. A snapshot has no learner: its learner writes its weights into the snapshot's slot of
+the pool every `--self_play_snapshot_every` versions (a ring: the oldest is overwritten), and inference workers
+serve it like any policy. `SharedControl.policy_version[id]` is -1 until a snapshot exists, then the version of
+the learning policy it was taken from. Who plays which acting id: appo/population/matchmaking.py.
+
+An inference *shard* is a set of acting ids served by its own --policy_workers_per_policy inference workers; with
+--shared_inference_workers=True there is one shard.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from appo.population.matchmaking import num_acting_ids, snapshot_ids
-
 if TYPE_CHECKING:
     from appo.config.flags import Config
     from appo.config.views import ActorConfig, InferenceConfig, LearnerConfig, RunnerConfig
 
 
+def num_acting_ids(cfg: Config) -> int:
+    """Learning policies plus their snapshots."""
+    return cfg.num_policies * (1 + cfg.self_play_opponents)
+
+
+def snapshot_ids(cfg: Config, policy: int) -> range:
+    """The acting ids of policy's snapshot pool."""
+    first = cfg.num_policies + policy * cfg.self_play_opponents
+    return range(first, first + cfg.self_play_opponents)
+
+
+def learning_policy(cfg: Config, acting_id: int) -> int:
+    """The learning policy an acting id belongs to (itself, or the policy a snapshot was taken from)."""
+    if acting_id < cfg.num_policies:
+        return acting_id
+    return (acting_id - cfg.num_policies) // cfg.self_play_opponents
+
+
 def inference_shards(cfg: Config | InferenceConfig | RunnerConfig) -> list[list[int]]:
-    """The acting ids (policies and their self-play snapshots, appo/population/matchmaking.py) each inference worker
-    serves, consecutive; there are --policy_workers_per_policy workers per shard."""
+    """The acting ids (policies and their self-play snapshots) each inference worker serves, consecutive; there are
+    --policy_workers_per_policy workers per shard."""
     if cfg.shared_inference_workers:
         return [list(range(num_acting_ids(cfg)))]
     # With snapshots this happens only for one policy (validate_self_play): ids 0..K, consecutive.

@@ -201,6 +201,7 @@ class RunnerConfig(RoleView):
     pbt_resample_probability: float
     pbt_replace_reward_gap: float
     pbt_replace_reward_gap_absolute: float
+    pbt_replace_elo_gap: float
     pbt_replace_confidence: float
     pbt_perturb_min: float
     pbt_perturb_max: float

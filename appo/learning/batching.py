@@ -18,8 +18,8 @@ from appo.config.views import LearnerConfig
 from appo.learning import losses
 from appo.learning.ppo import replace_nonfinite_, select
 from appo.memory.buffers import TRUNCATED, TrajBuffers
-from appo.memory.context import WorkerContext
 from appo.memory.slots import release_slots
+from appo.workers.context import WorkerContext
 
 
 class OwedSlots:

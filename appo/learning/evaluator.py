@@ -29,10 +29,11 @@ from appo.learning.checkpoint import checkpoint_dir, read_best, save_best
 from appo.learning.model import ActorCritic
 from appo.learning.trained_policy import TrainedPolicy, episode_env_kwargs, play, summarise
 from appo.learning.weights import WeightsSubscriber
-from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import CheckpointSaved, EvaluateRequest, Evaluation, WorkerReady
 from appo.utils.logs import log
 from appo.utils.process import init_worker
+from appo.workers.context import WorkerContext
+from appo.workers.roles import WorkerRole
 
 EVAL_SEED = 1_000_000  # evaluation episodes use seeds no actor env starts from
 EVAL_NICENESS = 5  # on top of --default_niceness

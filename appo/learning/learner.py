@@ -32,7 +32,7 @@ import torch
 from faster_fifo import Empty
 
 from appo.config.hyperparams import Hyperparams
-from appo.config.topology import trajectories_per_iteration
+from appo.config.topology import num_acting_ids, snapshot_ids, trajectories_per_iteration
 from appo.config.views import LearnerConfig
 from appo.learning.batching import Batch, BatchBuilder, OwedSlots
 from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
@@ -40,7 +40,6 @@ from appo.learning.device import resolve_device
 from appo.learning.policy import Policy
 from appo.learning.ppo import ppo_updates
 from appo.learning.weights import WeightsPublisher
-from appo.memory.context import WorkerContext, WorkerRole
 from appo.memory.segments import check_room
 from appo.messages import (
     AdoptWeights,
@@ -51,13 +50,14 @@ from appo.messages import (
     SetHyperparams,
     WorkerReady,
 )
-from appo.population.matchmaking import num_acting_ids, snapshot_ids
 from appo.population.pbt import transfer_path
 from appo.utils.files import atomic_write
 from appo.utils.logs import log
 from appo.utils.process import FatalError, init_worker
 from appo.utils.resources import write_failure
 from appo.utils.timing import Timing
+from appo.workers.context import WorkerContext
+from appo.workers.roles import WorkerRole
 
 MAX_CONSECUTIVE_SKIPPED = 100
 INBOX_TIMEOUT_S = 0.05  # the longest a step waits for a message

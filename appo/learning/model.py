@@ -316,8 +316,10 @@ class _Bf16Copy:
     (inference workers, the learner's bootstrap values). Autocast casts every weight again at every call (the Nature
     CNN's 1.7M floats); the copy casts them once per weight version: 1.3-1.6x faster at 8 observations, 1.1-1.35x at
     32 (scripts/bench_cnn.py; NHWC gave Doom's 72x128 frames 10% of that, Breakout's none). It is refreshed whenever
-    a weight of the encoder changed (in place: its version counter; replaced: its storage), so it computes what
-    autocast computes: the same bfloat16 roundings."""
+    a parameter or buffer of the encoder changed (in place: its version counter; replaced: its storage), and runs in
+    the encoder's train or eval mode, module by module, so it computes what autocast computes: the same bfloat16
+    roundings, with a user encoder's BatchNorm statistics as they are now. (In train mode, a BatchNorm's passes through
+    the copy update the copy's statistics, not the encoder's.)"""
 
     def __init__(self, source: nn.Module):
         self.source = source
@@ -325,17 +327,19 @@ class _Bf16Copy:
         self.seen: list[tuple[int, int]] = []
 
     def __call__(self, x: Tensor) -> Tensor:
-        weights = list(self.source.parameters())
-        seen = [(w.data_ptr(), w._version) for w in weights]
+        state = [*self.source.parameters(), *self.source.buffers()]
+        seen = [(t.data_ptr(), t._version) for t in state]
         if seen != self.seen:
             with torch.inference_mode(False), torch.no_grad():  # normal tensors, updatable in and out of that mode
                 if self.module is None or [ptr for ptr, _ in seen] != [ptr for ptr, _ in self.seen]:
                     self.module = copy.deepcopy(self.source).to(torch.bfloat16).requires_grad_(False)
                     self.module.to(memory_format=torch.channels_last)
                 else:
-                    for target, weight in zip(self.module.parameters(), weights):
-                        target.copy_(weight)
+                    for target, tensor in zip([*self.module.parameters(), *self.module.buffers()], state):
+                        target.copy_(tensor)
             self.seen = seen
+        for target, module in zip(self.module.modules(), self.source.modules()):
+            target.training = module.training
         return self.module(x.to(torch.bfloat16)).float()
 
 

@@ -4,8 +4,8 @@ The learner process holds one `Policy` and trains it; population-based training 
 operations only: `set_hyperparams` (a new learning rate, loss coefficients, ...; applied from the next
 training iteration) and `adopt` (take over another policy's weights and optimizer state while keeping
 this policy's own hyper-parameters and an ever-increasing version). Self-play acts on it through
-`take_snapshot`: a frozen copy of the weights joins its opponent pool (appo/population/matchmaking.py), which is saved
-with its checkpoints.
+`take_snapshot`: a frozen copy of the weights joins its opponent pool (acting ids: appo/config/topology.py), which
+is saved with its checkpoints.
 """
 
 from __future__ import annotations

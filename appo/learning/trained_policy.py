@@ -29,10 +29,10 @@ import torch
 from appo.config.cfg import Config, ConfigError, OneLineParser, env_kwargs, resolve, saved_config
 from appo.config.views import EvaluatorConfig
 from appo.envs import env_info
-from appo.envs.atari import is_atari_name
+from appo.envs.info import extra_stats
+from appo.envs.registry import whole_game_kwargs
 from appo.learning.checkpoint import BEST_NAME, checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.learning.model import ActorCritic
-from appo.sampling.episodes import extra_stats
 from appo.spaces import obs_as_dict, obs_spaces, to_env_action
 from appo.utils.logs import log
 
@@ -150,11 +150,9 @@ class Episode:
 
 
 def episode_env_kwargs(cfg: Config | EvaluatorConfig) -> dict[str, Any]:
-    """The run's env kwargs for playing whole episodes: Atari plays whole games with unclipped scores."""
-    kwargs = env_kwargs(cfg)
-    if is_atari_name(cfg.env):
-        kwargs.update(episodic_life=False, clip_rewards=False)
-    return kwargs
+    """The run's env kwargs for playing whole episodes: an env that training scores by whole games (Atari, ale-py's or
+    EnvPool's) plays whole games with unclipped scores, the score training records."""
+    return {**env_kwargs(cfg), **whole_game_kwargs(cfg.env)}
 
 
 def summarise(episodes: list[Episode]) -> dict[str, float]:

@@ -81,7 +81,7 @@ class SharedControl:
     def __init__(self, layout: Layout, num_policies: int, inference_workers: tuple[int, int] = (1, 1),
                  shaping_keys: tuple[str, ...] = (), num_snapshots: int = 0):
         """Requests, answers and weights are per acting id: the policies, then `num_snapshots` self-play
-        snapshots (appo/population/matchmaking.py); the rest is per learning policy."""
+        snapshots (appo/config/topology.py); the rest is per learning policy."""
         acting = num_policies + num_snapshots
         self.actors = ActorArrays(layout, acting)
         self.inference = InferenceArrays(layout, acting, inference_workers)

@@ -1,11 +1,5 @@
-"""Who acts for each agent of an episode: policies, and with self-play the frozen snapshots of a policy.
-
-Acting ids. Requests for actions, weights and versions are indexed by an *acting id*: the learning policies
-are ids 0..P-1 (each with a learner), and with `--self_play_opponents=K` policy p's K snapshots are the ids
-P + p*K + k, k = 0..K-1. A snapshot has no learner: its learner writes its weights into the snapshot's slot of
-the pool every `--self_play_snapshot_every` versions (a ring: the oldest is overwritten), and inference workers
-serve it like any policy. `SharedControl.policy_version[id]` is -1 until a snapshot exists, then the version of
-the learning policy it was taken from.
+"""Who acts for each agent of an episode: policies, and with self-play the frozen snapshots of a policy (acting
+ids: appo/config/topology.py).
 
 At every episode start `Matchmaker.draw` maps the agents of each env that starts one:
 1. a learning policy per agent: `--policy_mapping=module:function` (a function of yours), else a uniform draw
@@ -20,39 +14,15 @@ This module is torch-free: actor workers use it.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from appo.config.checks import MappingError, load_mapping
+from appo.config.topology import learning_policy, snapshot_ids
+
 if TYPE_CHECKING:
     from appo.config.flags import Config
-
-# A user mapping: (agents of the env, learning policies, random generator) -> a learning policy per agent.
-MappingFn = Callable[[int, int, np.random.Generator], Sequence[int]]
-
-
-class MappingError(Exception):
-    """--policy_mapping cannot be loaded or returned something unusable; the message says what."""
-
-
-def num_acting_ids(cfg: Config) -> int:
-    """Learning policies plus their snapshots."""
-    return cfg.num_policies * (1 + cfg.self_play_opponents)
-
-
-def snapshot_ids(cfg: Config, policy: int) -> range:
-    """The acting ids of policy's snapshot pool."""
-    first = cfg.num_policies + policy * cfg.self_play_opponents
-    return range(first, first + cfg.self_play_opponents)
-
-
-def learning_policy(cfg: Config, acting_id: int) -> int:
-    """The learning policy an acting id belongs to (itself, or the policy a snapshot was taken from)."""
-    if acting_id < cfg.num_policies:
-        return acting_id
-    return (acting_id - cfg.num_policies) // cfg.self_play_opponents
 
 
 def acting_name(cfg: Config, acting_id: int, version: int) -> str:
@@ -60,21 +30,6 @@ def acting_name(cfg: Config, acting_id: int, version: int) -> str:
     if acting_id < cfg.num_policies:
         return f"p{acting_id}"
     return f"p{learning_policy(cfg, acting_id)}@v{version}"
-
-
-def load_mapping(spec: str) -> MappingFn:
-    """The function `--policy_mapping=package.module:function` names."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise MappingError(f"--policy_mapping={spec}: use the form package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise MappingError(f"--policy_mapping={spec}: cannot import {module_name!r} ({exc})") from exc
-    function = getattr(module, attribute, None)
-    if not callable(function):
-        raise MappingError(f"--policy_mapping={spec}: {module_name} has no function {attribute!r}")
-    return function
 
 
 class Matchmaker:

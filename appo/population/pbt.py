@@ -10,7 +10,8 @@ the population by its objective (the mean over its last `--stats_avg` episodes).
 the PBT paper (Jaderberg et al., 2017), with `k = replace_count(N, --pbt_replace_fraction)`:
 - in the top `k` it is left alone;
 - in the bottom `k`, and far enough below a random top policy (`replacement_gap_met`: by a relative and an
-  absolute gap, and by --pbt_replace_confidence standard errors of the two objectives), it takes over that policy's
+  absolute gap, and by --pbt_replace_confidence standard errors of the two objectives; Elo ratings by
+  --pbt_replace_elo_gap rating points, `rating_gap_met`), it takes over that policy's
   weights, optimizer state, hyper-parameters and reward shaping, then explores from them;
 - in the bottom `k` with no top policy far enough ahead, it explores from its own values (a population whose
   objectives are all alike must still move, or a bad start common to all is never left);
@@ -39,51 +40,10 @@ import time
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
 
-from appo.config.hyperparams import Hyperparams
+from appo.config.flags import ELO_OBJECTIVE
+from appo.config.hyperparams import MUTABLE, Bounds, Hyperparams
 from appo.utils.files import atomic_write_text
 
-
-@dataclass(frozen=True)
-class Bounds:
-    """Where PBT may take one hyper-parameter.
-
-    `low` and `high` are hard bounds: every value is clamped to them. `prior` is the range a resampled value is
-    drawn from (`draw_from_prior`), None to only perturb. `discount_like` values (gamma, GAE lambda) move and are
-    drawn on 1 - x, so they approach 1 by ever smaller steps. A value at 0 (or 1 - x at 0) cannot move by a
-    factor, so it first moves to `from_zero`."""
-
-    low: float
-    high: float
-    from_zero: float
-    discount_like: bool = False
-    prior: tuple[float, float] | None = None
-
-
-# The hyper-parameters PBT mutates (the fields of Hyperparams, in the same order), their hard bounds and priors
-# (listed in --help of --with_pbt).
-#
-# Priors: around the values common PPO settings use (the PPO paper's lr 3e-4, clip 0.2, lambda 0.95, gamma 0.99; the
-# defaults of CleanRL, Stable-Baselines3 and Sample Factory), so a value drawn from one is a sane start on most tasks,
-# tuned to none: learning rate 1e-4 to 3e-3 (log scale, 3e-4 and 1e-3 inside); value loss weight 0.1 to 2; clip ratio
-# 0.05 to 0.3 (0.1 and 0.2 are the usual values); value clip 0.1 to 10 (in units of the return, whose scale varies by
-# task); grad norm 0.5 to 10; GAE lambda 0.9 to 0.99 and gamma 0.98 to 0.999 (log-uniform on 1 - x: lambda is as likely
-# in 0.9-0.97 as in 0.97-0.99); exploration loss 1e-4 to 3e-2 (0.01 is common for discrete actions; more drowns the
-# policy gradient).
-#
-# Hard bounds are wider than the priors, so perturbing can still tune beyond them, except where a value past
-# them was seen to stop learning (issue 26): GAE lambda below 0.8 (advantages then see only a few steps ahead;
-# 0.5 held a population back while its learning rate recovered) and clip ratios below 0.02 (updates too small
-# to move the policy) or above 0.5 (the trust region is gone).
-MUTABLE: dict[str, Bounds] = {
-    "learning_rate": Bounds(1e-7, 1e-1, from_zero=1e-6, prior=(1e-4, 3e-3)),
-    "exploration_loss_coeff": Bounds(0.0, 1.0, from_zero=1e-4, prior=(1e-4, 3e-2)),  # 0 is left alone
-    "value_loss_coeff": Bounds(1e-3, 10.0, from_zero=1e-2, prior=(0.1, 2.0)),
-    "ppo_clip_ratio": Bounds(0.02, 0.5, from_zero=0.02, prior=(0.05, 0.3)),
-    "ppo_clip_value": Bounds(0.01, 100.0, from_zero=0.01, prior=(0.1, 10.0)),
-    "max_grad_norm": Bounds(0.01, 100.0, from_zero=0.5, prior=(0.5, 10.0)),  # 0 (no clipping) is left alone
-    "gae_lambda": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True, prior=(0.9, 0.99)),
-    "gamma": Bounds(0.8, 1.0, from_zero=1e-3, discount_like=True, prior=(0.98, 0.999)),
-}
 # Reward-shaping coefficients an env exposes are perturbed within these bounds, unless the env declares its own.
 # No prior: a coefficient's sensible scale is the env's to say.
 SHAPING_BOUNDS = Bounds(-1e3, 1e3, from_zero=1e-3)
@@ -112,13 +72,15 @@ class Settings:
     shaping_bounds: dict[str, Bounds] = field(default_factory=dict)  # SHAPING_BOUNDS for the rest
     resample_probability: float = 0.0  # 0: perturb only
     replace_confidence: float = 0.0  # standard errors a lead must exceed; 0: the other gaps alone
+    replace_elo_gap: float | None = None  # the objectives are Elo ratings: the lead a replacement needs, in points
 
     @staticmethod
     def from_cfg(cfg, shaping_bounds: dict[str, Bounds] | None = None) -> Settings:
+        elo_gap = cfg.pbt_replace_elo_gap if cfg.pbt_target_objective == ELO_OBJECTIVE else None
         return Settings(cfg.pbt_period_env_steps, cfg.pbt_start_mutation, cfg.pbt_replace_fraction,
                         cfg.pbt_mutation_rate, cfg.pbt_replace_reward_gap, cfg.pbt_replace_reward_gap_absolute,
                         cfg.pbt_perturb_min, cfg.pbt_perturb_max, dict(shaping_bounds or {}),
-                        cfg.pbt_resample_probability, cfg.pbt_replace_confidence)
+                        cfg.pbt_resample_probability, cfg.pbt_replace_confidence, elo_gap)
 
 
 @dataclass
@@ -197,6 +159,13 @@ def replacement_gap_met(best: float, worst: float, relative: float, absolute: fl
     around when the best return is negative and explodes when it is near 0)."""
     gap = best - worst
     return gap > absolute and gap > relative * max(abs(best), abs(worst)) and gap > noise
+
+
+def rating_gap_met(best: float, worst: float, elo_gap: float) -> bool:
+    """Whether Elo rating `worst` is far enough below `best` to be replaced: by more than `elo_gap` points. Only
+    differences of ratings mean anything (a lead of d points is the same expected score at any level; the level is
+    wherever the ratings started, appo/population/ratings.py), so no gap relative to the ratings applies."""
+    return best - worst > elo_gap
 
 
 def difference_error(errors: list[float | None]) -> float:
@@ -291,9 +260,14 @@ def decide(env_steps: list[int], objectives: list[float | None], members: list[M
                                 shaping_after=member.shaping))
             continue
         candidate = rng.choice(ranked[:k])
-        noise = settings.replace_confidence * difference_error([errors[candidate], errors[policy]])
-        donor = candidate if replacement_gap_met(objectives[candidate], objectives[policy], settings.replace_reward_gap,
-                                                 settings.replace_reward_gap_absolute, noise) else None
+        best, worst = objectives[candidate], objectives[policy]
+        if settings.replace_elo_gap is not None:
+            far_enough = rating_gap_met(best, worst, settings.replace_elo_gap)
+        else:
+            noise = settings.replace_confidence * difference_error([errors[candidate], errors[policy]])
+            far_enough = replacement_gap_met(best, worst, settings.replace_reward_gap,
+                                             settings.replace_reward_gap_absolute, noise)
+        donor = candidate if far_enough else None
         hyperparams_after, shaping_after = explore_member(members[policy if donor is None else donor], settings, rng)
         events.append(Event(
             policy, "mutate" if donor is None else "replace", steps, list(objectives), donor=donor,

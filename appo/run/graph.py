@@ -1,4 +1,5 @@
-"""The process graph of a run, on one screen: what shared memory and queues exist, and which worker reads which.
+"""The process graph of a run, on one screen: what shared memory and queues exist, which workers start (of which
+role, appo/workers/roles.py), with which arguments, and which queue each reads.
 
     actor_w  --request counters-->  inference (shard, index)  --answer counters + WAKE-->  actor_w
     actor_w  --slot_owed + SlotHint-->  learner_p  --weights segment + version-->  inference, evaluator
@@ -13,15 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from appo.config.topology import inference_shards
+from appo.config.topology import inference_name, inference_shards, num_acting_ids
 from appo.envs import EnvInfo
 from appo.memory.buffers import Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext
 from appo.memory.control import SharedControl
 from appo.memory.segments import weights_segment_name
-from appo.population.matchmaking import num_acting_ids
 from appo.sampling.sampler_group import SamplerGroup, sampler_queues
 from appo.utils.queues import make_queue
+from appo.workers.context import Queues, WorkerContext
+from appo.workers.roles import ACTOR, CLUSTER, EVALUATOR, INFERENCE, LEARNER
 
 # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each worker's
 # resident memory creep up for longer: RSS counts the shared pages a process has touched, and a ring's messages
@@ -49,25 +50,32 @@ def build_context(cfg, env: EnvInfo, exp_dir: str, run_token: str) -> WorkerCont
 
 def start_workers(ctx: WorkerContext, env: EnvInfo, supervisor, hyperparams: Callable[[int], dict | None],
                   report_iterations: bool) -> SamplerGroup | None:
-    """Start every worker of the run; returns the sampler group (None when the Ray cluster samples).
+    """Start every worker of the run (their roles: appo/workers/roles.py); returns the sampler group (None when the
+    Ray cluster samples).
 
     `hyperparams(p)` gives policy p's current PBT hyper-parameters at each (re)start of its learner."""
-    cfg, control, queues = ctx.cfg, ctx.control, ctx.queues
+    cfg, queues = ctx.cfg, ctx.queues
     for p in range(cfg.num_policies):
-        supervisor.add(f"learner_p{p}", "appo.learning.learner", "Learner",
-                       lambda p=p: (ctx, p, hyperparams(p), report_iterations),
-                       cleanup=lambda p=p: control.learners.pause_collection.__setitem__(p, 0),
+        supervisor.add(f"learner_p{p}", LEARNER, lambda p=p: (ctx, p, hyperparams(p), report_iterations),
                        inbox=queues.learner_inboxes[p])
     if queues.evaluator_inbox is not None:
-        supervisor.add("evaluator", "appo.learning.evaluator", "Evaluator", lambda: (ctx, env.num_agents),
-                       cleanup=lambda: None, inbox=queues.evaluator_inbox)
+        supervisor.add("evaluator", EVALUATOR, lambda: (ctx, env.num_agents), inbox=queues.evaluator_inbox)
     if cfg.backend == "local":
-        group = SamplerGroup(ctx)
-        group.start(supervisor)
-        return group
-    supervisor.add("cluster", "appo.run.ray_backend", "Cluster", lambda: (ctx, env), cleanup=lambda: None,
-                   inbox=queues.actor_inboxes[0])
+        return start_sampler(ctx, supervisor)
+    supervisor.add("cluster", CLUSTER, lambda: (ctx, env), inbox=queues.actor_inboxes[0])
     return None
+
+
+def start_sampler(ctx: WorkerContext, supervisor) -> SamplerGroup:
+    """Start the inference workers, then the actors, of one machine (this one, or a Ray node's `NodeSampler`);
+    `ctx.queues` must hold their `sampler_queues`."""
+    for shard, wakeups in enumerate(ctx.queues.inference_wakeups):
+        for i, wakeup in enumerate(wakeups):
+            supervisor.add(inference_name(ctx.cfg, shard, i), INFERENCE, lambda shard=shard, i=i: (ctx, shard, i),
+                           inbox=wakeup)
+    for w, inbox in enumerate(ctx.queues.actor_inboxes):
+        supervisor.add(f"actor_{w}", ACTOR, lambda w=w: (ctx, w), inbox=inbox)
+    return SamplerGroup(ctx)
 
 
 def named_queues(ctx: WorkerContext, group: SamplerGroup | None) -> list[tuple[str, object]]:

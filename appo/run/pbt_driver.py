@@ -11,11 +11,11 @@ import random
 
 from appo.config.flags import ELO_OBJECTIVE
 from appo.envs import EnvInfo
-from appo.memory.context import WorkerContext
 from appo.messages import ExportWeights, SetHyperparams
 from appo.population import pbt
 from appo.population.ratings import Ratings
 from appo.utils.logs import log
+from appo.workers.context import WorkerContext
 
 
 class PbtDriver:

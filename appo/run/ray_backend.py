@@ -43,10 +43,9 @@ from typing import Any
 import numpy as np
 from faster_fifo import Empty, Full
 
-from appo.config.topology import inference_shards
+from appo.config.topology import inference_shards, num_acting_ids
 from appo.envs import EnvInfo
 from appo.memory.buffers import Layout, TrajBuffers
-from appo.memory.context import Queues, WorkerContext, WorkerRole
 from appo.memory.control import SharedControl
 from appo.memory.segments import (
     attach_segment,
@@ -59,12 +58,14 @@ from appo.memory.segments import (
 )
 from appo.memory.slots import hand_over_slots, release_slots
 from appo.messages import ActorReport, ClusterReport, InferenceReport, WorkerFailed, WorkerReady
-from appo.population.matchmaking import num_acting_ids
+from appo.run.graph import start_sampler
 from appo.run.supervisor import Supervisor
-from appo.sampling.sampler_group import SamplerGroup, sampler_queues
+from appo.sampling.sampler_group import sampler_queues
 from appo.utils.logs import log
 from appo.utils.process import FatalError, init_worker
 from appo.utils.queues import make_queue
+from appo.workers.context import Queues, WorkerContext
+from appo.workers.roles import ACTOR, WorkerRole
 
 PULL_WAIT_S = 0.02  # a pull with nothing owed waits this long for a trajectory before it returns empty
 NODE_STOP_S = 4.0  # how long the head waits for the groups to stop their processes
@@ -115,8 +116,7 @@ class NodeSampler:
         self.layout, self.traj, self.control, self.report_queue = layout, self.ctx.traj, control, queues.report
         self.weights: dict[int, np.ndarray] = {}  # acting id -> this node's weights segment
         self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
-        self.group = SamplerGroup(self.ctx)
-        self.group.start(self.supervisor)
+        self.group = start_sampler(self.ctx, self.supervisor)
         self.reports: list[ActorReport | InferenceReport] = []
         self.failure: str | None = None
 
@@ -160,7 +160,7 @@ class NodeSampler:
         queues = [*self.group.queues(), ("report queue", self.report_queue), ("trajectory hints", self.traj_hints)]
         self.group.kill_hung_actors(self.supervisor)
         self.failure = self.supervisor.replace_dead(queues, self._drain_reports)
-        late = self.supervisor.not_ready_after("actor", self.cfg.reset_timeout_seconds)
+        late = self.supervisor.not_ready_after(ACTOR, self.cfg.reset_timeout_seconds)
         if self.failure is None and late:
             self.failure = (f"{', '.join(late)} did not create and reset its envs within --reset_timeout_seconds="
                             f"{self.cfg.reset_timeout_seconds:g} of starting")

@@ -21,7 +21,7 @@ import psutil
 from faster_fifo import Empty, Full
 
 from appo.config.flags import Config
-from appo.config.topology import lockstep
+from appo.config.topology import lockstep, num_acting_ids
 from appo.config.views import RunnerConfig
 from appo.envs import EnvInfo
 from appo.hooks import Hooks
@@ -39,7 +39,6 @@ from appo.messages import (
     WorkerFailed,
     WorkerReady,
 )
-from appo.population.matchmaking import num_acting_ids
 from appo.population.ratings import Ratings
 from appo.run.graph import build_context, named_queues, start_workers
 from appo.run.pbt_driver import PbtDriver

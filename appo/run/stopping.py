@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from appo.workers.roles import ACTOR, CLUSTER
+
 
 @dataclass
 class Outcome:
@@ -26,11 +28,11 @@ def stuck_outcome(cfg, supervisor, last_progress: float, blocked_in: Callable[[]
     """Workers that did not get going in time (actors that cannot build their envs, a cluster with no sampler),
     or a run whose env steps stopped moving (`last_progress`: when they last moved); `blocked_in()` says what every
     worker is doing."""
-    late = supervisor.not_ready_after("actor", cfg.reset_timeout_seconds)
+    late = supervisor.not_ready_after(ACTOR, cfg.reset_timeout_seconds)
     if late:
         return failed(f"{', '.join(late)} did not create and reset its envs within --reset_timeout_seconds="
                       f"{cfg.reset_timeout_seconds:g} of starting; states: {blocked_in()}")
-    if supervisor.not_ready_after("cluster", cfg.reset_timeout_seconds):
+    if supervisor.not_ready_after(CLUSTER, cfg.reset_timeout_seconds):
         return failed(f"the Ray cluster ran no sampler group within --reset_timeout_seconds="
                       f"{cfg.reset_timeout_seconds:g} (is --ray_address={cfg.ray_address!r} right, and does a "
                       f"node have the CPUs a group asks for?); states: {blocked_in()}")

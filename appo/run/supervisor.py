@@ -1,7 +1,7 @@
 """Process lifecycle: start the workers, notice the ones that die, replace them, stop them all.
 
 What a worker does is its role's business (actor_worker, inference_worker, learner); the supervisor only
-knows how to start each one (a module, a role class and a callable giving its current arguments, so a
+knows how to start each one (its role, appo/workers/roles.py, and a callable giving its current arguments, so a
 replacement gets, say, a PBT policy's current hyper-parameters) and what each process last said about
 itself (ready, a crash traceback, a fatal error). A death is described once, with its cause; the runner
 decides what to do with it.
@@ -10,7 +10,6 @@ decides what to do with it.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import multiprocessing
 import os
 import signal
@@ -27,6 +26,7 @@ from appo.utils.logs import log
 from appo.utils.process import EXIT_FATAL, FatalError, die_with_parent
 from appo.utils.queues import forget_waiters, release_if_held_by
 from appo.utils.resources import mb, memory_limit_bytes, oom_kills, shm_room
+from appo.workers.roles import Role
 
 RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
 # A worker that dies this soon after its start, twice in a row with the same cause, would die so again: the run
@@ -40,10 +40,8 @@ class Worker:
     """One worker as the supervisor knows it: how to start it, and what its process last said or did."""
 
     name: str
-    module: str
-    role_class: str  # the class in `module` whose `main(*args)` is the process's entry point
-    args: Callable[[], tuple]
-    cleanup: Callable[[], object]  # lowers the shared-memory flags a death may leave raised
+    role: Role
+    args: Callable[[], tuple]  # the arguments of the role's `main`, as of now
     inbox: object  # the queue it reads (appo.utils.queues.forget_waiters after its death)
     process: multiprocessing.Process | None = None
     started: float = 0.0  # time.monotonic() of the last start
@@ -55,11 +53,6 @@ class Worker:
     restarts: deque[float] = field(default_factory=deque)  # monotonic times, within RESTART_WINDOW_S
     total_restarts: int = 0
     early_death: str | None = None  # the cause of its last death, when that came within EARLY_DEATH_S of its start
-
-    @property
-    def role(self) -> str:
-        """actor, inference or learner (the name's prefix)."""
-        return self.name.split("_")[0]
 
 
 @dataclass
@@ -74,7 +67,7 @@ class Death:
 
 class Supervisor:
     """Owns the worker processes of one machine (the runner's, or a Ray node's sampler group); writes nothing in
-    shared memory itself (a dead worker's `cleanup` lowers the flags it may have left raised)."""
+    shared memory itself (a dead worker's role lowers the flags it may have left raised: `Role.after_death`)."""
 
     REPORT_WAIT_S = 0.05  # the runner's wait for reports in each loop: the workers run meanwhile
 
@@ -85,17 +78,16 @@ class Supervisor:
         # higher was the OOM killer's.
         self.oom_kills_seen, self.oom_checked_at = oom_kills(), time.monotonic()
 
-    def add(self, name: str, module: str, role_class: str, args: Callable[[], tuple], cleanup: Callable[[], object],
-            inbox) -> None:
-        """Start worker `name`: the class `role_class` of `module`, whose `main(*args())` runs in a forked process."""
-        self.workers[name] = Worker(name, module, role_class, args, cleanup, inbox)
+    def add(self, name: str, role: Role, args: Callable[[], tuple], inbox) -> None:
+        """Start worker `name` of `role`: its class's `main(*args())` runs in a forked process."""
+        self.workers[name] = Worker(name, role, args, inbox)
         self._start(self.workers[name])
 
     def _start(self, worker: Worker) -> None:
         context = multiprocessing.get_context("fork")
         worker.process = context.Process(
             target=start_component, name=worker.name, daemon=True,
-            args=(worker.name, self.report_queue, worker.module, worker.role_class, os.getpid(), *worker.args()))
+            args=(worker.name, self.report_queue, worker.role, os.getpid(), *worker.args()))
         worker.ready, worker.error, worker.fatal, worker.killed_because = False, None, False, None
         worker.started = time.monotonic()
         worker.process.start()
@@ -118,7 +110,7 @@ class Supervisor:
             return None
         return max(worker.ready_at for worker in self.workers.values())
 
-    def not_ready_after(self, role: str, seconds: float) -> list[str]:
+    def not_ready_after(self, role: Role, seconds: float) -> list[str]:
         """Workers of a role that are not ready this long after they (re)started."""
         now = time.monotonic()
         return [w.name for w in self.workers.values() if w.role == role and not w.ready and now - w.started > seconds]
@@ -174,7 +166,7 @@ class Supervisor:
                     log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked", worker.name,
                                 name)
             forget_waiters(worker.inbox)
-            worker.cleanup()
+            worker.role.after_death(*worker.args())
             self.restart(worker)
             log.warning("%s died (%s); replaced it (restart %d of this worker, at most %d per hour)", worker.name,
                         death.cause, len(worker.restarts), self.max_restarts)
@@ -201,10 +193,10 @@ class Supervisor:
             os.kill(worker.process.pid, signal.SIGKILL)
 
     def restart_counts(self) -> dict[str, int]:
-        """Restarts since the run began, per role."""
+        """Restarts since the run began, per role name."""
         counts: dict[str, int] = {}
         for worker in self.workers.values():
-            counts[worker.role] = counts.get(worker.role, 0) + worker.total_restarts
+            counts[worker.role.name] = counts.get(worker.role.name, 0) + worker.total_restarts
         return counts
 
     # ---------------------------------------------------------------- stopping
@@ -239,13 +231,13 @@ def signal_cause(signum: int, oom_kills_before: int | None) -> str:
     return f"killed by {name}"
 
 
-def start_component(name: str, report_queue, module: str, role_class: str, parent_pid: int, *args: Any) -> None:
-    """Entry point of every forked worker: import its module here, so torch loads only where needed; a crash is
-    reported to the runner as a `WorkerFailed` (with the traceback) and the process exits non-zero."""
+def start_component(name: str, report_queue, role: Role, parent_pid: int, *args: Any) -> None:
+    """Entry point of every forked worker: import its role's class here, so torch loads only where needed; a crash
+    is reported to the runner as a `WorkerFailed` (with the traceback) and the process exits non-zero."""
     die_with_parent(parent_pid, name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        getattr(importlib.import_module(module), role_class).main(*args)
+        role.load().main(*args)
     except FatalError as exc:
         log.error("%s: %s", name, exc)
         _report_and_exit(report_queue, WorkerFailed(name, str(exc), fatal=True), EXIT_FATAL)

@@ -27,12 +27,11 @@ import time
 import gymnasium as gym
 import numpy as np
 
+from appo.config.topology import num_acting_ids
 from appo.config.views import ActorConfig
 from appo.envs.vector import steps_batched
 from appo.memory.buffers import WAKE_TIMEOUT_S
-from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import ActorReport, WorkerReady
-from appo.population.matchmaking import num_acting_ids
 from appo.sampling.agent_policies import AgentPolicies
 from appo.sampling.env_stepper import EnvStepper
 from appo.sampling.episodes import EpisodeTracker
@@ -42,6 +41,8 @@ from appo.sampling.vector_stepper import VectorStepper
 from appo.spaces import SINGLE_KEY
 from appo.utils.process import init_worker
 from appo.utils.timing import Timing
+from appo.workers.context import WorkerContext
+from appo.workers.roles import WorkerRole
 
 REPORT_INTERVAL_S = 0.25  # episodes reach the runner this soon: a run with --target_reward stops that soon after
 # The longest one step of the main loop blocks: a wait for free slots (learners send a wake-up when they release

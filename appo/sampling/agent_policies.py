@@ -11,8 +11,9 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from appo.memory.context import WorkerContext
-from appo.population.matchmaking import Matchmaker, learning_policy, num_acting_ids
+from appo.config.topology import learning_policy, num_acting_ids
+from appo.population.matchmaking import Matchmaker
+from appo.workers.context import WorkerContext
 
 
 class AgentPolicies:

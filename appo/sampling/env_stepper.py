@@ -22,11 +22,11 @@ import numpy as np
 from appo.config.cfg import env_kwargs
 from appo.envs import make_env
 from appo.memory.buffers import TERMINATED, TRUNCATED
-from appo.memory.context import WorkerContext
 from appo.memory.control import MAKE, NO_CALL, RESET, STEP
 from appo.spaces import to_env_action
 from appo.utils.logs import log
 from appo.utils.timing import Timing
+from appo.workers.context import WorkerContext
 
 
 class EnvStepper:

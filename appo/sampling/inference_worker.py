@@ -27,18 +27,18 @@ import numpy as np
 import torch
 from faster_fifo import Empty
 
-from appo.config.topology import inference_name, inference_shards
+from appo.config.topology import inference_name, inference_shards, num_acting_ids
 from appo.config.views import InferenceConfig
 from appo.learning.device import resolve_device
 from appo.learning.model import ActorCritic
 from appo.learning.weights import WeightsSubscriber
 from appo.memory.buffers import WAKE_TIMEOUT_S
-from appo.memory.context import WorkerContext, WorkerRole
 from appo.messages import WAKE, InferenceReport, WorkerReady
-from appo.population.matchmaking import num_acting_ids
 from appo.utils.logs import log
 from appo.utils.process import init_worker
 from appo.utils.timing import Timing
+from appo.workers.context import WorkerContext
+from appo.workers.roles import WorkerRole
 
 REPORT_INTERVAL_S = 1.0
 # A small batch waits at most this long for more requests (see InferenceWorker._next_requests).

@@ -16,8 +16,8 @@ import contextlib
 from faster_fifo import Empty, Full
 
 from appo.config.topology import inference_shard_of
-from appo.memory.context import WorkerContext
 from appo.messages import WAKE
+from appo.workers.context import WorkerContext
 
 
 class ActionRequests:

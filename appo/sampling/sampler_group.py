@@ -1,11 +1,10 @@
 """A sampler group: actor workers and the inference workers that serve them, over one set of trajectory buffers.
 
-On one machine the group is the whole sampler, next to the learners in the same buffers (appo/run/graph.py). On a
-Ray cluster each node runs a group of its own, and a collector in place of the learners ships the finished
-trajectories to the head (appo/run/ray_backend.py). Either way the group only registers its processes with a
-supervisor and knows their queues and shared-memory flags; watching and replacing them is the supervisor's job.
-It writes no shared memory itself, except the flags a dead worker leaves raised (control.actors.waiting and
-call, control.inference.idle).
+On one machine the group is the whole sampler, next to the learners in the same buffers. On a Ray cluster each node
+runs a group of its own, and a collector in place of the learners ships the finished trajectories to the head
+(appo/run/ray_backend.py). Either way appo/run/graph.start_sampler starts the group's processes; the group knows
+their queues and which actor is stuck in an env call, and watching and replacing them is the supervisor's job. It
+writes no shared memory.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from __future__ import annotations
 import time
 
 from appo.config.topology import inference_name, inference_shards
-from appo.memory.context import WorkerContext
 from appo.memory.control import ENV_CALLS
 from appo.utils.queues import make_queue
+from appo.workers.context import WorkerContext
 
 
 def sampler_queues(cfg) -> tuple[list, list[list]]:
@@ -27,7 +26,7 @@ def sampler_queues(cfg) -> tuple[list, list[list]]:
 
 
 class SamplerGroup:
-    """The actors and inference workers of one machine; `ctx.queues` must hold the group's `sampler_queues`."""
+    """The actors and inference workers of one machine (started by appo/run/graph.start_sampler)."""
 
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
@@ -40,22 +39,6 @@ class SamplerGroup:
         named += [(f"{inference_name(self.cfg, shard, i)} wake-up queue", q)
                   for shard, wakeups in enumerate(queues.inference_wakeups) for i, q in enumerate(wakeups)]
         return named
-
-    def start(self, supervisor) -> None:
-        """Start the inference workers, then the actors; each with the flags its death may leave raised."""
-        ctx, control, queues = self.ctx, self.ctx.control, self.ctx.queues
-        for shard, wakeups in enumerate(queues.inference_wakeups):
-            for i, wakeup in enumerate(wakeups):
-                supervisor.add(inference_name(self.cfg, shard, i), "appo.sampling.inference_worker",
-                               "InferenceWorker", lambda shard=shard, i=i: (ctx, shard, i),
-                               # actors must stop sending wake-ups to a queue nobody reads
-                               cleanup=lambda shard=shard, i=i: control.inference.idle.__setitem__((shard, i), 0),
-                               inbox=wakeup)
-        for w, inbox in enumerate(queues.actor_inboxes):
-            supervisor.add(f"actor_{w}", "appo.sampling.actor_worker", "ActorWorker", lambda w=w: (ctx, w),
-                           cleanup=lambda w=w: (control.actors.waiting.__setitem__(w, 0),
-                                                control.actors.call.__setitem__(w, 0)),
-                           inbox=inbox)
 
     def kill_hung_actors(self, supervisor) -> None:
         """An actor inside one env call for longer than --env_timeout_seconds is killed (and then replaced)."""

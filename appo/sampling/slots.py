@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from appo.config.topology import lockstep, trajectories_per_iteration
-from appo.memory.context import WorkerContext
+from appo.config.topology import lockstep, num_acting_ids, trajectories_per_iteration
 from appo.memory.slots import hand_over_slots
-from appo.population.matchmaking import num_acting_ids
+from appo.workers.context import WorkerContext
 
 
 class SlotAllocator:

@@ -26,11 +26,11 @@ from gymnasium.vector.utils import batch_space
 
 from appo.envs.vector import last_step_info, make_vector_env
 from appo.memory.buffers import TERMINATED, TRUNCATED
-from appo.memory.context import WorkerContext
 from appo.memory.control import MAKE, NO_CALL, RESET, STEP
 from appo.sampling.env_stepper import EnvStepper
 from appo.spaces import action_layout
 from appo.utils.timing import Timing
+from appo.workers.context import WorkerContext
 
 
 def to_env_actions(space: gym.Space, actions: np.ndarray) -> Any:

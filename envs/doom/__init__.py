@@ -1,5 +1,6 @@
-"""ViZDoom as `--env=doom_<scenario>`: every scenario the vizdoom wheel ships (envs/doom/scenarios.py), games
-against Doom's bots, and (envs/doom/multiplayer.py) matches between learning agents.
+"""ViZDoom as `--env=doom_<scenario>`: the scenarios the vizdoom wheel ships (envs/doom/scenarios.py; docs/doom.md
+lists the few .cfg files not offered, and why), games against Doom's bots, and (envs/doom/multiplayer.py) matches
+between learning agents.
 
     python -m appo.train --env=doom_basic
     python -m appo.train --env=doom_multi_duel --env_kwargs='{"num_bots": 1, "bot_skill": 40}'

@@ -10,11 +10,12 @@
   together) and the first reset waits for it. A reset starts a new episode in the same engine (`new_episode`:
   about a millisecond), never a new engine. The trainer's `--decorrelate_envs_on_one_worker` (random steps after
   the first reset) keeps a worker's envs from ending their episodes in step.
-- Hosted deathmatch maps (cig, multi_duel, multi_deathmatch): the env hosts the game and adds `num_bots` built-in
-  bots (`bot_skill`: 0-100, the bots of bots.cfg nearest that strength; None: Doom's random pick) every episode;
-  the agent respawns as soon as it dies; the reward is shaped (envs/doom/shaping.py) and PBT may change it; the
-  last step's info has the episode's frags, deaths, frag difference and damage as `episode_extra_stats` and its
-  frags as `true_objective`. Episodes end at `episode_tics` (a truncation: the match's time is up).
+- Hosted deathmatch maps (cig, multi_duel, multi_deathmatch): the env hosts the game (on a UDP port leased until
+  close(), `game.lease_port`) and adds `num_bots` built-in bots (`bot_skill`: 0-100, the bots of bots.cfg nearest
+  that strength; None: Doom's random pick) every episode; the agent respawns as soon as it dies; the reward is
+  shaped (envs/doom/shaping.py) and PBT may change it; the last step's info has the episode's frags, deaths, frag
+  difference and damage as `episode_extra_stats` and its frags as `true_objective`. Episodes end at `episode_tics`
+  (a truncation: the match's time is up).
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ import numpy as np
 
 from appo.envs.doom import shaping
 from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
-from appo.envs.doom.game import Network, add_bots, bot_names, cfg_buttons, free_udp_port, new_game, opponent_frags
+from appo.envs.doom.game import (
+    Network,
+    add_bots,
+    bot_names,
+    cfg_buttons,
+    lease_port,
+    new_game,
+    opponent_frags,
+    release_port,
+)
 from appo.envs.doom.scenarios import Scenario
 
 FRAME_SKIP = 4
@@ -68,6 +78,7 @@ class DoomEnv(shaping.ShapedReward, gym.Env):
         self.actions: ActionSet | None = None if self._buttons is None else ActionSet(self._buttons)
         self.shaping = dict(shaping.DEFAULTS, **(reward_shaping or {}))
         self.game: Any = None
+        self.port: int | None = None  # a hosted game's UDP port, leased until close()
         self._start_error: BaseException | None = None
         self._screen = np.zeros((3, OBS_HEIGHT, OBS_WIDTH), dtype=np.uint8)
         self._frame: np.ndarray | None = None
@@ -84,7 +95,10 @@ class DoomEnv(shaping.ShapedReward, gym.Env):
 
     def _start(self) -> None:
         try:
-            network = Network(free_udp_port(), players=1) if self.hosted else None
+            network = None
+            if self.hosted:  # two games with bots started together must not host on the same port
+                self.port = lease_port()
+                network = Network(self.port, players=1)
             game = new_game(self.name, self.scenario.cfg, self._buttons, self._variables,
                             episode_tics=self.episode_tics, network=network)
             game.init()
@@ -174,7 +188,9 @@ class DoomEnv(shaping.ShapedReward, gym.Env):
         if self.game is not None:
             self.game.close()
             self.game = None
-
+        if self.port is not None:
+            release_port(self.port)
+            self.port = None
 
 
 def screen_observation(frame: np.ndarray) -> np.ndarray:

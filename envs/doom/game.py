@@ -6,12 +6,14 @@ vizdoom is imported inside these functions, so `import envs` works without it (`
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import socket
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -36,14 +38,20 @@ def import_vizdoom(env_name: str):
     return vizdoom
 
 
+def private_folder() -> Path:
+    """This user's folder for the files the Doom envs keep to themselves (the engine wrapper, the port lock)."""
+    folder = Path(tempfile.gettempdir()) / f"appo-doom-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
 @cache
 def engine_wrapper(real_engine: str) -> str:
     """An executable that ViZDoom starts instead of its engine: it execs `engine_guard.py` (this Python, isolated,
     no site-packages) with the controller's pid and the real engine, in a private folder. Written once per user,
     interpreter and engine."""
     guard = Path(__file__).with_name("engine_guard.py")
-    folder = Path(tempfile.gettempdir()) / f"appo-doom-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = private_folder()
     # The engine writes its settings (_vizdoom.ini) into its working directory: this folder, not the user's.
     text = f'#!/bin/sh\ncd "{folder}" && exec "{sys.executable}" -I -S "{guard}" "$PPID" "{real_engine}" "$@"\n'
     path = folder / f"engine-{hashlib.sha1(text.encode()).hexdigest()[:12]}.sh"
@@ -56,10 +64,53 @@ def engine_wrapper(real_engine: str) -> str:
 
 
 def free_udp_port() -> int:
-    """A UDP port on 127.0.0.1 that nothing holds right now, for a network game's host."""
+    """A UDP port on 127.0.0.1 that nothing holds right now (two calls made together may get the same one: take a
+    host's port with `lease_port`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+# Leased ports. A port is locked in one lock file (a one-byte `lockf` lock at offset = port, which the kernel drops
+# when the process dies) against other processes, and kept in a set against this process's other games (lockf
+# locks do not exclude their own process), under a thread lock (a worker's envs start their engines in threads).
+_lease_lock = threading.Lock()
+_lock_file: tuple[int, int] | None = None  # (pid, fd) of this process's handle on the port lock file
+_ports_held: set[int] = set()
+
+
+def _port_lock_fd() -> int:
+    global _lock_file
+    if _lock_file is None or _lock_file[0] != os.getpid():  # a forked child holds none of its parent's locks
+        path = private_folder() / "ports.lock"
+        _lock_file = (os.getpid(), os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        _ports_held.clear()
+    return _lock_file[1]
+
+
+def lease_port(attempts: int = 100) -> int:
+    """A UDP port for a network game's host: free now, and held by no other game of this user on the machine (a
+    single-agent game with bots or a match, in any process); give it back with `release_port`."""
+    with _lease_lock:
+        fd = _port_lock_fd()
+        for _ in range(attempts):
+            port = free_udp_port()
+            if port in _ports_held:
+                continue
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+            except OSError:  # another process's game holds it
+                continue
+            _ports_held.add(port)
+            return port
+    raise RuntimeError(f"no free UDP port for a Doom game after {attempts} tries")
+
+
+def release_port(port: int) -> None:
+    with _lease_lock:
+        if port in _ports_held:
+            _ports_held.discard(port)
+            fcntl.lockf(_port_lock_fd(), fcntl.LOCK_UN, 1, port)
 
 
 @dataclass(frozen=True)
@@ -84,6 +135,8 @@ def new_game(env_name: str, cfg: str, buttons: list[str], variables: tuple[str, 
     game.load_config(os.path.join(vzd.scenarios_path, cfg))
     game.set_window_visible(False)
     game.set_sound_enabled(False)
+    game.set_audio_buffer_enabled(False)
+    game.set_notifications_buffer_enabled(False)
     game.set_automap_buffer_enabled(False)
     game.set_depth_buffer_enabled(False)
     game.set_labels_buffer_enabled(False)

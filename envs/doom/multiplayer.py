@@ -22,11 +22,10 @@ it. Seats advance in lockstep one tic at a time (a step is `frame_skip` exchange
 replies with the screen and game variables): several tics per exchange (`make_action(action, 4)`) deadlock ViZDoom's
 synchronous network game within a few hundred steps (ViZDoom issue #391; seen here too).
 
-- Ports: a port is leased for the match's life: free now (`game.free_udp_port`) and locked against every other
-  match of this user on the machine (a one-byte `lockf` lock at offset = port in one lock file, which the kernel
-  drops when the process dies, plus a set for the matches of this process). A host that still cannot bind (a
-  program outside the trainer took the port meanwhile) fails its init: the match starts again on a new port, up to
-  START_ATTEMPTS times, then the reset raises.
+- Ports: a port is leased for the match's life (`game.lease_port`: free now, and held by no other game of this user
+  on the machine, a match's or a single-agent game's with bots). A host that still cannot bind (a program outside
+  the trainer took the port meanwhile) fails its init: the match starts again on a new port, up to START_ATTEMPTS
+  times, then the reset raises.
 - Failures: a player process that exits (an engine crash, a failed init) or a seat that answers no exchange within
   `step_timeout_s` (hung, desynced) ends the match: every player process is killed, the step returns the episode as
   truncated with `info["match_restarted"] = True` and zero rewards (one log line), and the next reset starts a new
@@ -40,16 +39,13 @@ synchronous network game within a few hundred steps (ViZDoom issue #391; seen he
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import select
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -58,8 +54,15 @@ import psutil
 
 from appo.envs.doom import shaping
 from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
-from appo.envs.doom.env import DEATHMATCH_MEASUREMENTS, FRAME_SKIP, OBS_HEIGHT, OBS_WIDTH, screen_observation
-from appo.envs.doom.game import MAX_PLAYERS, bot_names, free_udp_port
+from appo.envs.doom.env import (
+    DEATHMATCH_MEASUREMENTS,
+    FRAME_SKIP,
+    OBS_HEIGHT,
+    OBS_WIDTH,
+    SHM_BYTES_PER_GAME,
+    screen_observation,
+)
+from appo.envs.doom.game import MAX_PLAYERS, bot_names, lease_port, release_port
 from appo.envs.doom.scenarios import Scenario
 from appo.envs.registry import EnvError
 from appo.utils.logs import log
@@ -79,43 +82,6 @@ OBSERVE, TIC, STEP = 1, 2, 3
 
 class MatchBroken(Exception):
     """A seat's process died or it did not answer in time: the match must be started again."""
-
-
-# ---------------------------------------------------------------- ports
-_lock_file: tuple[int, int] | None = None  # (pid, fd) of this process's handle on the port lock file
-_ports_held: set[int] = set()  # leased by matches of this process (lockf locks do not exclude their own process)
-
-
-def _port_lock_fd() -> int:
-    global _lock_file
-    if _lock_file is None or _lock_file[0] != os.getpid():  # a forked child holds none of its parent's locks
-        folder = Path(tempfile.gettempdir()) / f"appo-doom-{os.getuid()}"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        _lock_file = (os.getpid(), os.open(folder / "ports.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        _ports_held.clear()
-    return _lock_file[1]
-
-
-def lease_port(attempts: int = 100) -> int:
-    """A UDP port free now that no other match of this user holds; give it back with `release_port`."""
-    fd = _port_lock_fd()
-    for _ in range(attempts):
-        port = free_udp_port()
-        if port in _ports_held:
-            continue
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
-        except OSError:  # another process's match holds it
-            continue
-        _ports_held.add(port)
-        return port
-    raise RuntimeError(f"no free UDP port for a Doom match after {attempts} tries")
-
-
-def release_port(port: int) -> None:
-    if port in _ports_held:
-        _ports_held.discard(port)
-        fcntl.lockf(_port_lock_fd(), fcntl.LOCK_UN, 1, port)
 
 
 # ---------------------------------------------------------------- what crosses the pipes
@@ -300,6 +266,8 @@ class DoomMatchEnv(shaping.ShapedReward, gym.Env):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode={render_mode!r}: only 'rgb_array' (or None)")
         self.name, self.num_agents, self.render_mode = name, int(num_agents), render_mode
+        # For the start-up /dev/shm check: one engine per agent (the bots play inside the host's engine).
+        self.shm_bytes_per_env = self.num_agents * SHM_BYTES_PER_GAME
         self.frames_per_step, self.step_timeout_s = frame_skip, step_timeout_s
         self._scales = np.array(list(DEATHMATCH_MEASUREMENTS.values()), dtype=np.float32)
         variables, self._counter_index = shaping.with_counters(tuple(DEATHMATCH_MEASUREMENTS))

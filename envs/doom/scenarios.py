@@ -1,4 +1,6 @@
-"""The Doom scenarios `--env=doom_<name>` offers: the ones the vizdoom wheel ships, each with what its reward means.
+"""The Doom scenarios `--env=doom_<name>` offers, each with what its reward means: the vizdoom wheel's, but for the
+few .cfg files made for what this env does not give (sound, text messages, game files the wheel lacks), which
+docs/doom.md lists with why.
 
 Rewards are in each scenario's own units (its .cfg and map script), unchanged, so returns compare with published
 ViZDoom numbers; "tic" is one of Doom's 35 game frames a second, and one env step is `frame_skip` = 4 tics.
@@ -40,6 +42,9 @@ SCENARIOS: dict[str, Scenario] = {
     "predict_position": Scenario("predict_position.cfg", "+1 for hitting the moving monster with the one rocket, "
                                  "-0.001 per tic; 300-tic timeout"),
     "take_cover": Scenario("take_cover.cfg", "+1 per tic alive, dodging fireballs (no timeout)"),
+    "freedoom2": Scenario("freedoom2.cfg", "+1 for reaching the exit of MAP01 of Freedoom: Phase 2 (a map of the "
+                          "full game: monsters, weapons, doors opened with USE; the status bar shown); 126000-tic "
+                          "(an hour) timeout"),
     "deathmatch": Scenario("deathmatch.cfg", "the map's kill rewards against waves of monsters, with weapons and "
                            "pickups; 4200-tic timeout", full_actions=True),
     "cig": Scenario("cig.cfg", "shaped deathmatch reward (envs/doom/shaping.py) against built-in bots on the "

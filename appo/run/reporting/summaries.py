@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from appo.config.views import RunnerConfig
 from appo.messages import Evaluation
+from appo.run.reporting.event_file import EventFile
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
 from appo.utils.logs import log
@@ -18,8 +17,8 @@ from appo.utils.resources import write_failure
 
 
 def guarded(write: Callable) -> Callable:
-    """A summary write that may fail (a full disk, a read-only filesystem, no room in /dev/shm for tensorboardX's
-    queue): the first failure is said in one line and summaries stop, so the run goes on without them."""
+    """A summary write that may fail (a full disk, a read-only filesystem): the first failure is said in one line
+    and summaries stop, so the run goes on without them."""
 
     @functools.wraps(write)
     def wrapper(self: SummaryWriters, *args: Any) -> None:
@@ -33,65 +32,28 @@ def guarded(write: Callable) -> Callable:
     return wrapper
 
 
-def import_tensorboardx_without_torch() -> type:
-    """tensorboardX's SummaryWriter, imported without torch where torch is not loaded yet: tensorboardX imports it
-    only to accept tensors (optional there), and that import costs the runner a second of a core and 200 MB, the first
-    time a summary is written (a short run: at its end, before the line that says why it stopped)."""
-    if "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]
-    return SummaryWriter
-
-
 class SummaryWriters:
     """Writes a Tally and its Numbers to tensorboard: perf/, episode/, episode_extra/, learner/, lag/, memory/,
-    faults/ and, in their runs, cluster/, pbt/, selfplay/ and eval/, each at the policy's env steps. The writers are
-    made on first use, after the runner forked the workers, and without torch
-    (import_tensorboardx_without_torch). Owns the writers; reads everything else."""
+    faults/ and, in their runs, cluster/, pbt/, selfplay/ and eval/, each at the policy's env steps. The event files
+    are made on first use (event_file.py: no torch in the runner). Owns them; reads everything else."""
 
     def __init__(self, tally: Tally, numbers: Numbers, cfg: RunnerConfig, exp_dir: str) -> None:
         self.tally, self.numbers, self.cfg, self.exp_dir = tally, numbers, cfg, exp_dir
-        self._writers: list | None = None
+        self._writers: list[EventFile] | None = None
         self.failed = False  # a write failed: no more summaries this run
 
     @property
-    def writers(self) -> list:
+    def writers(self) -> list[EventFile]:
         if self._writers is None:
-            SummaryWriter = import_tensorboardx_without_torch()
-            self._writers = [SummaryWriter(os.path.join(self.exp_dir, "summaries", str(p)), flush_secs=10)
+            self._writers = [EventFile(os.path.join(self.exp_dir, "summaries", str(p)))
                              for p in range(self.cfg.num_policies)]
-            self._catch_background_failures()
         return self._writers
 
     def fail(self, error: OSError) -> None:
-        """Summaries stop, said once in one line (called for a write here or in tensorboardX's own thread)."""
+        """Summaries stop, said once in one line."""
         if not self.failed:
             self.failed = True
             log.error("tensorboard summaries stop: %s", write_failure(os.path.join(self.exp_dir, "summaries"), error))
-
-    def _catch_background_failures(self) -> None:
-        """tensorboardX flushes in a thread of its own and once more at exit; an OSError there (a full disk) is
-        said like the others, in one line, instead of a traceback on stderr at every flush."""
-        thread_hook, unraisable_hook = threading.excepthook, sys.unraisablehook
-
-        def on_thread_error(args: threading.ExceptHookArgs) -> None:
-            if isinstance(args.exc_value, OSError):
-                self.fail(args.exc_value)
-            else:
-                thread_hook(args)
-
-        def on_unraisable(args: Any) -> None:
-            if isinstance(args.exc_value, OSError) and self.failed:
-                return
-            unraisable_hook(args)
-
-        threading.excepthook, sys.unraisablehook = on_thread_error, on_unraisable
 
     @guarded
     def write(self, memory_mb: dict[str, float]) -> None:
@@ -108,7 +70,7 @@ class SummaryWriters:
             if self.tally.ratings is not None:
                 self.write_ratings(p)
 
-    def _write_policy(self, p: int, writer: Any, step: int) -> None:
+    def _write_policy(self, p: int, writer: EventFile, step: int) -> None:
         policy, numbers = self.tally.policies[p], self.numbers
         writer.add_scalar("perf/fps_10s", numbers.fps(10), step)
         writer.add_scalar("perf/fps_60s", numbers.fps(60), step)
@@ -126,7 +88,7 @@ class SummaryWriters:
             writer.add_scalar(f"{group}/{key}", value, step)
         writer.add_scalar("faults/skipped_updates", policy.skipped_updates, step)
 
-    def _write_run(self, writer: Any, step: int) -> None:
+    def _write_run(self, writer: EventFile, step: int) -> None:
         """The run-wide faults and, with --backend=ray, the cluster's rates."""
         tally = self.tally
         writer.add_scalar("faults/env_errors", tally.env_errors, step)

@@ -48,28 +48,3 @@ class WorkerContext:
         builds it first, so nothing in that process can read a flag its role does not declare."""
         return replace(self, cfg=view.of(self.cfg))
 
-
-class WorkerRole:
-    """What every worker role (actor, inference, learner, evaluator, the Ray cluster process) is: `setup()`, then
-    `step(timeout)` until the run stops, then `close()`. A step does one round of the role's work and blocks at
-    most `timeout` seconds, so the same object runs in its own process (`run`) or, with --serial_mode, is stepped
-    by the runner in the main process (appo/run/serial.py). A step that raises ends the process with the traceback
-    (the supervisor reports it); `close()` runs when the run stops."""
-
-    STEP_TIMEOUT_S = 0.05  # how long a step may block in the role's own process
-    control: SharedControl
-
-    def run(self) -> None:
-        self.setup()
-        while not self.control.runner.stop[0]:
-            self.step(self.STEP_TIMEOUT_S)
-        self.close()
-
-    def setup(self) -> None:
-        raise NotImplementedError
-
-    def step(self, timeout: float) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError

@@ -1,0 +1,229 @@
+"""A run from start to end, for the command line (`main`: `python -m appo.train`) and for Python (`train`): check the
+input, prepare the experiment dir, run the `Runner`, say how it ended.
+
+Everything that can be wrong with the input (flags, env id, saved cfg.json, this machine: appo/preflight.py) is
+checked before the experiment dir is touched; each problem is one line (`ConfigError` or `EnvError`; exit code 2
+from the command line). A corrupt checkpoint is not such a problem: it is moved aside and the newest intact one is
+used. Torch-free: the runner forks the workers from this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from appo.config import auto
+from appo.config.cfg import (
+    Config,
+    ConfigError,
+    env_kwargs,
+    experiment_dir,
+    load_saved_cfg,
+    merge_resumed,
+    parse_args,
+    parse_keywords,
+    resolve,
+    save_cfg,
+)
+from appo.envs import EnvError, EnvInfo, env_info
+from appo.envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
+from appo.hooks import Hooks
+from appo.hooks import registered as registered_hooks
+from appo.learning.checkpoint import (
+    checkpoint_dir,
+    free_path,
+    latest_intact_checkpoint,
+    list_checkpoints,
+    newest_checkpoints,
+    parse_name,
+)
+from appo.memory.buffers import Layout
+from appo.population.pbt import load_population
+from appo.preflight import check_extension, check_machine, check_platform
+from appo.utils.files import atomic_write_text
+from appo.utils.logs import log, setup_logging
+from appo.utils.process import EXIT_BAD_INPUT
+from appo.utils.resources import write_failure
+
+# Flags that decide when a run stops: raising one on the command line extends a finished run.
+BUDGET_FLAGS = ("train_for_env_steps", "train_for_seconds", "target_reward", "target_objective")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m appo.train`, or a launcher's: the exit code (2: bad input, said in one line on stderr)."""
+    try:
+        result = run(*parse_args(sys.argv[1:] if argv is None else argv))
+    except (ConfigError, EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 1 if result.failed else 0
+
+
+def train(env: str, hooks: Hooks | None = None, **flags: Any) -> TrainResult:
+    """Train (or resume) as `python -m appo.train --env=ENV --FLAG=VALUE ...` would, and return the result:
+    `train(env="CartPole-v1", experiment="cartpole", target_reward=475)`. Flags are Python values
+    (appo/config/cfg.py `parse_keywords`); bad ones raise `ConfigError` with the command line's error line (an env
+    that cannot be made: `EnvError`) before anything is written. `hooks` run besides the ones registered with the
+    decorators of appo.hooks. This process runs the runner (call it from the main thread: it handles Ctrl-C) and
+    forks the workers."""
+    return run(*parse_keywords({"env": env, **flags}), hooks)
+
+
+@dataclass
+class TrainResult:
+    """What `train()` returns: where the run is, how far it got and how its policies did at the end."""
+
+    exp_dir: str
+    env_steps: int  # over all policies, this run and the runs it resumed
+    stats: dict[int, dict[str, float]]  # per policy: mean episode reward, length (and objective) at the end
+    checkpoints: list[str | None]  # the newest checkpoint of each policy
+    reason: str  # why it stopped
+    completed: bool  # reached its budget or target (the experiment is marked done)
+    failed: bool = False
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Policy 0's newest checkpoint."""
+        return self.checkpoints[0]
+
+
+def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult:
+    """The whole program after parsing (`given`: the flags the user gave, which override a resumed run's): check,
+    prepare the dir, train, summarise. The hooks registered with appo.hooks' decorators run, and `hooks` too."""
+    kept = _KeptForLogFile()
+    log.addHandler(kept)
+    log.setLevel(logging.INFO)
+    try:
+        prepared = prepare(cfg, given)
+    finally:
+        log.removeHandler(kept)
+    exp_dir = experiment_dir(cfg)
+    if prepared is None:
+        env_steps = sum(resume_env_steps(exp_dir, cfg.num_policies))
+        print(finished_message(exp_dir, env_steps))
+        return TrainResult(exp_dir, env_steps, {}, newest_checkpoints(exp_dir, cfg.num_policies), "already finished",
+                           completed=True)
+    cfg, info, notes, initial_env_steps = prepared
+    setup_logging(os.path.join(exp_dir, "log.txt"))
+    for handler in log.handlers:
+        if isinstance(handler, logging.FileHandler):  # the console has shown them already
+            for record in kept.records:
+                handler.handle(record)
+    for note in notes:
+        log.info("Resume override: %s", note)
+
+    from appo.run.runner import Runner
+
+    runner = Runner(cfg, info, exp_dir, initial_env_steps, registered_hooks + (hooks or Hooks()))
+    outcome = runner.run()
+    if outcome.completed:
+        done = os.path.join(exp_dir, "done")
+        try:
+            atomic_write_text(done, outcome.reason + "\n")
+        except OSError as exc:  # the run is complete all the same: run again, it resumes and stops at once
+            log.error("The run is complete, but its done marker is not written: %s", write_failure(done, exc))
+    return TrainResult(exp_dir, runner.reports.total_env_steps(), runner.reports.final_stats(),
+                       newest_checkpoints(exp_dir, cfg.num_policies), outcome.reason, outcome.completed,
+                       outcome.failed)
+
+
+def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], list[int]] | None:
+    """Validate everything, then (re)create the experiment dir; returns the run's final `Config` (resumed, with
+    the env's defaults, resolved). None means: already finished (and no budget flag given that differs from the
+    saved one; with one, the finished run is extended)."""
+    check_platform()
+    exp_dir = experiment_dir(cfg)
+    notes: list[str] = []
+    extended: dict[str, tuple[Any, Any]] = {}  # budget flag -> (saved value, new value), when extending
+    resuming = not cfg.restart and os.path.exists(os.path.join(exp_dir, "cfg.json"))
+    if resuming:
+        saved = load_saved_cfg(os.path.join(exp_dir, "cfg.json"))
+        cfg, notes = merge_resumed(cfg, given, saved)
+        if cfg.with_pbt:
+            try:
+                load_population(exp_dir, cfg.num_policies)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+        if os.path.exists(os.path.join(exp_dir, "done")):
+            extended = {flag: (saved.get(flag), getattr(cfg, flag)) for flag in BUDGET_FLAGS
+                        if flag in given and saved.get(flag) != getattr(cfg, flag)}
+            if not extended:
+                return None
+    # The auto rules size the sampler and learner by what an env step costs; a natively vectorised env's sub-env
+    # costs its share of one vectorised step.
+    vectorised = steps_batched(cfg.env, cfg.batched_sampling) and natively_vectorised(cfg.env)
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not vectorised)
+    if vectorised and not resuming:
+        info = dataclasses.replace(info, step_seconds=sub_env_step_seconds(cfg.env, env_kwargs(cfg)))
+    # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
+    auto_lines: list[str] = []
+    if not resuming:
+        cfg, auto_lines = auto.apply(cfg, given, info)
+    cfg = resolve(cfg, info.num_agents)
+    try:
+        Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
+    except TypeError as exc:
+        raise ConfigError(f"--env={cfg.env}: {exc}") from exc
+
+    check_machine(cfg, info)
+    for line in auto_lines:
+        log.info(line)
+    # Everything is valid: only now does the experiment dir change.
+    if cfg.restart and os.path.exists(exp_dir):
+        aside = free_path(f"{os.path.normpath(exp_dir)}_before_restart_{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(exp_dir, aside)
+        log.info("Restart: moved the old experiment %s aside to %s; starting over", exp_dir, aside)
+    # --num_policies cannot change on resume
+    initial_env_steps = resume_env_steps(exp_dir, cfg.num_policies) if resuming else [0] * cfg.num_policies
+    if extended:
+        check_extension(cfg, exp_dir, sum(initial_env_steps))
+        os.remove(os.path.join(exp_dir, "done"))
+        log.info("Extending the finished experiment %s: %s", exp_dir,
+                 ", ".join(f"--{flag}={old} -> {new}" for flag, (old, new) in extended.items()))
+    os.makedirs(exp_dir, exist_ok=True)
+    save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
+    return cfg, info, notes, initial_env_steps
+
+
+def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:
+    """Each policy's env steps in its newest intact checkpoint (corrupt newer ones are moved aside); 0 for a
+    policy without one, which then starts from scratch."""
+    env_steps = [0] * num_policies
+    for p in range(num_policies):
+        directory = checkpoint_dir(exp_dir, p)
+        had_checkpoints = bool(list_checkpoints(directory))
+        intact = latest_intact_checkpoint(directory)
+        if intact is not None:
+            env_steps[p] = parse_name(intact)[1]
+        elif had_checkpoints:
+            log.warning("Policy %d: every checkpoint in %s is corrupt (all moved aside); it starts from scratch",
+                        p, directory)
+    return env_steps
+
+
+class _KeptForLogFile(logging.StreamHandler):
+    """Shows what `prepare` logs on stderr at once and keeps it: log.txt can only be opened after `prepare`
+    (a restart moves the old one away), and it should say which checkpoints were skipped."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        super().emit(record)
+
+
+def finished_message(exp_dir: str, env_steps: int) -> str:
+    """What a finished experiment says when run again: why it stopped, and how to extend it or start over."""
+    with open(os.path.join(exp_dir, "done")) as f:
+        reason = f.read().strip()
+    return (f"Experiment {exp_dir} is already finished{f' ({reason})' if reason else ''}.\n"
+            f"To train it further, raise its budget on the command line (--train_for_env_steps above {env_steps} "
+            "env steps,\na new --train_for_seconds, --target_reward or --target_objective), or pass --restart=True to "
+            "start over.")
