@@ -44,10 +44,16 @@ from appo.utils.timing import Timing
 from appo.workers.context import WorkerContext
 from appo.workers.roles import WorkerRole
 
-REPORT_INTERVAL_S = 0.25  # episodes reach the runner this soon: a run with --target_reward stops that soon after
 # The longest one step of the main loop blocks: a wait for free slots (learners send a wake-up when they release
 # some; this bounds a missed one and how late the stop flag is seen). A wait for answers is WAKE_TIMEOUT_S.
 MAX_BLOCK_S = 0.05
+
+
+def report_interval_s(num_workers: int) -> float:
+    """How often an actor reports: every 0.25 s (a run with --target_reward stops that soon after the mean crosses
+    it), but the runner takes at most 64 actor reports a second: each costs it a pickle and a tally, and with 64
+    actors on 2 cores reports every 0.25 s cost 10% of sampler-only throughput (docs/PERFORMANCE.md)."""
+    return 0.25 * max(1.0, num_workers / 16)
 
 
 class Split:
@@ -91,6 +97,7 @@ class ActorWorker(WorkerRole):
         self.waiting_split: int | None = None  # a split whose rollout ended with no fresh slots to move onto
         self.waiting_since = 0.0
         self.last_report = time.monotonic()
+        self.report_interval_s = report_interval_s(cfg.num_workers)
 
     # ---------------------------------------------------------------- main loop
     @classmethod
@@ -289,7 +296,7 @@ class ActorWorker(WorkerRole):
         return f"splits waiting for actions [{','.join(waiting)}], {len(self.slots.free())} free slots"
 
     def _maybe_report(self) -> None:
-        if time.monotonic() - self.last_report > REPORT_INTERVAL_S:
+        if time.monotonic() - self.last_report > self.report_interval_s:
             self.report()
 
     def report(self) -> None:
