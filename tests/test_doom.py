@@ -248,12 +248,14 @@ def test_sigterm_to_a_guard_stops_its_engine_and_removes_its_shm():
         env.close()
 
 
-@pytest.mark.timeout(330)
+@pytest.mark.timeout(900)
 def test_the_defaults_learn_basic(trainer):
     """From random play (a mean return near -170) to killing the monster in most episodes (a mean of 0 or more
-    over the last 100 episodes): about 100 s at the defaults on 2 cores; the run stops when it gets there."""
-    result = trainer.run("--env=doom_basic", "--experiment=basic", "--target_reward=0", "--train_for_seconds=240",
-                         timeout=300)
+    over the last 100 episodes) within 250k env steps; the run stops when it gets there. The budget is in env steps,
+    not seconds, so the bar is the same on every CPU: about 100 s on the 2-core Xeon with bfloat16, 3-4x that on a
+    2-core AMD EPYC without it (the CNN's SGD is the limit)."""
+    result = trainer.run("--env=doom_basic", "--experiment=basic", "--target_reward=0",
+                         "--train_for_env_steps=250000", timeout=870)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "target reward 0 reached by p0" in result.stdout + result.stderr, result.stdout[-2000:]
 

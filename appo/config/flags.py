@@ -342,8 +342,8 @@ class Config:
     pbt_replace_elo_gap: float = flag(100.0, PBT,
                                       "With --pbt_target_objective=elo, a bottom policy is replaced only if the top "
                                       "one's rating exceeds its own by more than this many Elo points, whatever the "
-                                      "rating level (100: the top one is expected to score 64% against it; the ratings "
-                                      "of two equal policies drift about 55 apart).", valid="[0, inf)")
+                                      "rating level (a rating has no natural zero for a relative gap; what 100 points "
+                                      "mean: docs/population.md).", valid="[0, inf)")
     pbt_replace_confidence: float = flag(2.0, PBT,
                                          "A replacement also needs the top policy's objective ahead by this many "
                                          "standard errors of the difference of the two means (each over --stats_avg "
