@@ -60,6 +60,7 @@ class ActorReport:
     env_errors: int
     nonfinite: int  # non-finite rewards stored as 0
     state: str  # what it waits for, for the stall report
+    every_env_ended: bool  # each of its envs has ended an episode since the worker started (unbiased windows)
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,12 @@ import multiprocessing
 import os
 import platform
 import socket
-import subprocess
-import sys
 import tempfile
 
 from appo.config.cfg import Config, ConfigError
 from appo.config.topology import num_acting_ids
 from appo.envs import EnvInfo
-from appo.utils.resources import SHM_DIR, free_bytes, mb, shm_room
+from appo.utils.resources import SHM_DIR, cuda_device_count, free_bytes, mb, shm_room
 
 ROOM_CHECK_BELOW = 2**30  # with this much free in both places, no run of this trainer comes near: no check
 CHECKPOINT_OVERHEAD = 16 * 2**10  # a checkpoint's bytes besides its tensors (names, counters, the zip archive)
@@ -63,15 +61,11 @@ def check_train_dir(train_dir: str) -> None:
 
 
 def check_device_visible(device: str) -> None:
-    """An explicit CUDA device exists (its spelling is checked with the other flags: checks.check_device). Asked in
-    a child process: CUDA is never initialised in the runner, which forks the workers (a forked child cannot use a
-    CUDA context its parent made)."""
+    """An explicit CUDA device exists (its spelling is checked with the other flags: checks.check_device)."""
     if not device.startswith("cuda"):
         return
     index = int(device.split(":")[1]) if ":" in device else 0
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           capture_output=True, text=True)
-    count = int(probe.stdout.strip() or 0)
+    count = cuda_device_count()
     if index >= count:
         raise ConfigError(f"--device={device}: this machine has {count} CUDA device(s) visible to torch; use "
                           f"{'--device=cuda:0 to cuda:' + str(count - 1) + ', ' if count else ''}--device=cpu or auto")

@@ -68,7 +68,8 @@ def reports(worker: ActorWorker, ctx: WorkerContext) -> ActorReport:
     return ActorReport(worker=0, env_steps=sum(r.env_steps for r in sent),
                        episodes=[e for r in sent for e in r.episodes], games=[g for r in sent for g in r.games],
                        timing={}, env_errors=sum(r.env_errors for r in sent),
-                       nonfinite=sum(r.nonfinite for r in sent), state=sent[-1].state)
+                       nonfinite=sum(r.nonfinite for r in sent), state=sent[-1].state,
+                       every_env_ended=sent[-1].every_env_ended)
 
 
 def is_ready(ctx: WorkerContext) -> bool:
@@ -220,6 +221,10 @@ def test_a_time_limit_is_stored_as_truncation_and_the_episode_is_reported():
         assert episode.objective == episode.reward  # PBT's default objective: the return, without true_objective
     rewards = traj.rewards[slots, :2].sum(axis=1)
     assert sorted(episode.reward for episode in episodes) == sorted(rewards.tolist())
+    assert not worker.episodes.every_env_ended()  # split 1's envs are still in their first episodes
+    for _ in range(2):
+        step_split(worker, ctx, 1)
+    assert reports(worker, ctx).every_env_ended  # the runner may judge targets on this worker's episodes now
 
 
 @pytest.mark.timeout(30)

@@ -40,7 +40,8 @@ def test_images_train_each_sample_once_unless_told_otherwise():
     for name, value in auto.IMAGE_LEARNING.items():
         if name != "ppo_epochs":
             assert getattr(cfg, name) == value
-    assert any("--gamma=0.99" in line and "--ppo_epochs" not in line and "image observations" in line for line in lines)
+    assert any("--learning_rate=0.0005" in line and "--ppo_epochs" not in line and "image observations" in line
+               for line in lines)
     assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
 
 
@@ -57,12 +58,33 @@ def test_given_epochs_are_trained_every_iteration():
 @pytest.mark.parametrize("native", [True, False])
 def test_images_run_the_cnn_in_bfloat16_where_the_cpu_has_it(monkeypatch, native):
     monkeypatch.setattr(auto, "cpu_has_bf16", lambda: native)
-    cfg = cfg_of("--learner_bf16=False")
-    cfg, lines = auto.apply(cfg, {"learner_bf16"}, info(IMAGE))
+    cfg = cfg_of("--learner_bf16=False", "--device=cpu")
+    cfg, lines = auto.apply(cfg, {"learner_bf16", "device"}, info(IMAGE))
     assert (cfg.learner_bf16, cfg.inference_bf16) == (False, native)  # given on the command line: wins
     assert any(line.startswith("auto: --inference_bf16=True (") for line in lines) == native
     cfg, _ = auto.apply(cfg_of(), set(), info(VECTOR))
     assert not cfg.learner_bf16 and not cfg.inference_bf16
+
+
+@pytest.mark.parametrize("device,gpus,applies", [("cuda", 1, False), ("cuda:0", 1, False), ("auto", 1, False),
+                                                 ("auto", 0, True), ("cpu", 1, True)])
+def test_bfloat16_is_chosen_only_where_the_cpu_learns_and_infers(monkeypatch, device, gpus, applies):
+    """The model applies --learner_bf16 and --inference_bf16 on a CPU only: on CUDA the "auto:" line would claim a
+    speed-up the flags do not give (scripts/gpu_check.py on an H200: outputs identical with and without). A config
+    decision: no GPU needed, the devices torch would see are given."""
+    monkeypatch.setattr(auto, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(auto, "cuda_device_count", lambda: gpus)
+    cfg, lines = auto.apply(cfg_of(f"--device={device}"), {"device"}, info(IMAGE))
+    assert (cfg.learner_bf16, cfg.inference_bf16) == (applies, applies)
+    assert any("--learner_bf16=True --inference_bf16=True" in line for line in lines) == applies
+
+
+def test_a_machine_without_gpu_device_files_has_no_cuda_device_without_importing_torch(monkeypatch):
+    from appo.utils import resources
+
+    monkeypatch.setattr(resources.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(resources.subprocess, "run", lambda *args, **kwargs: pytest.fail("probed a child"))
+    assert resources.cuda_device_count() == 0
 
 
 @pytest.mark.parametrize("action,bonus", [("box", 0.0), ("tuple", None), ("discrete", None)])
@@ -175,5 +197,5 @@ def test_small_images_train_with_the_default_encoder(trainer, size):
     assert f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, smaller than" in result.stderr
     with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
-    assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)
+    assert (saved["ppo_epochs"], saved["learning_rate"]) == (1, 5e-4)
     assert last_mean_reward(result.stdout) > 12

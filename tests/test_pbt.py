@@ -294,19 +294,20 @@ def test_gamma_is_mutated_only_when_asked_and_a_zero_that_is_a_choice_is_left_al
 
 
 def test_the_objectives_standard_error_is_over_the_full_window(tmp_path):
-    cfg = parse_config(["--env=CartPole-v1", "--num_policies=1", "--stats_avg=4"])
+    cfg = parse_config(["--env=CartPole-v1", "--num_workers=1", "--num_policies=1", "--stats_avg=4"])
     reports = Reports(cfg, str(tmp_path), [0])
 
     def episodes(objectives: list[float]) -> ActorReport:
         return ActorReport(worker=0, env_steps=0, episodes=[EpisodeEnd(0, 0.0, 10, o, {}) for o in objectives],
-                           games=[], timing={}, env_errors=0, nonfinite=0, state="stepping")
+                           games=[], timing={}, env_errors=0, nonfinite=0, state="stepping", every_env_ended=True)
 
     reports.on_actor(episodes([1.0, 2.0, 3.0]))
     assert reports.objective_error(0) is None  # no full window yet
     reports.on_actor(episodes([100.0, 2.0, 4.0, 6.0, 8.0]))  # the window: 2, 4, 6, 8
     assert reports.objective(0) == 5.0
     assert reports.objective_error(0) == pytest.approx(statistics.stdev([2, 4, 6, 8]) / 2)
-    one = Reports(parse_config(["--env=CartPole-v1", "--num_policies=1", "--stats_avg=1"]), str(tmp_path), [0])
+    one = Reports(parse_config(["--env=CartPole-v1", "--num_workers=1", "--num_policies=1", "--stats_avg=1"]),
+                  str(tmp_path), [0])
     one.on_actor(episodes([3.0]))
     assert one.objective(0) == 3.0 and one.objective_error(0) is None  # one episode: no spread to measure
 

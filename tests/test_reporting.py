@@ -32,15 +32,16 @@ class FakeClock:
 
 
 def make_reports(tmp_path, *flags: str, policies: int = 2) -> tuple[Reports, FakeClock]:
-    cfg = parse_config(["--env=CartPole-v1", f"--num_policies={policies}", *flags])
+    """One actor worker unless `flags` say otherwise: its first report (every env ended) lets full windows count."""
+    cfg = parse_config(["--env=CartPole-v1", "--num_workers=1", f"--num_policies={policies}", *flags])
     clock = FakeClock()
     return Reports(cfg, str(tmp_path), [0] * policies, clock=clock), clock
 
 
 def actor_report(worker: int = 0, env_steps: int = 0, episodes: list[EpisodeEnd] | None = None, env_errors: int = 0,
-                 nonfinite: int = 0) -> ActorReport:
+                 nonfinite: int = 0, every_env_ended: bool = True) -> ActorReport:
     return ActorReport(worker=worker, env_steps=env_steps, episodes=episodes or [], games=[], timing={},
-                       env_errors=env_errors, nonfinite=nonfinite, state="stepping")
+                       env_errors=env_errors, nonfinite=nonfinite, state="stepping", every_env_ended=every_env_ended)
 
 
 def learner_report(reports: Reports, policy: int, version: int, stats: dict[str, float] | None = None,
@@ -192,6 +193,32 @@ def test_the_best_reward_is_the_best_full_window_mean_seen(tmp_path):
     reports.on_actor(episodes(0, [1.0] * 10))
     summary = reports.summary_line(checkpoint)
     assert "  p0: final reward 1.00 (best 14.00) over 10 episodes" in summary.splitlines()
+
+
+def test_no_target_best_reward_or_objective_before_every_env_ended_an_episode(tmp_path):
+    """doom_basic on 12 workers x 8 envs (scripts/gpu_check.py) stopped at once on --target_reward=0: every env
+    starts at the same moment, so the first 100 episodes to end were a random policy's short lucky kills while its
+    long failures were still running. A window counts only once every env has ended an episode."""
+    reports, _ = make_reports(tmp_path, "--num_workers=12", "--num_envs_per_worker=8", "--target_reward=0",
+                              policies=1)
+    kill, timeout = EpisodeEnd(0, 80.0, 5, 80.0, {}), EpisodeEnd(0, -300.0, 75, -300.0, {})
+    for worker in range(12):  # 120 kills before any timeout: a full window, mean 80
+        reports.on_actor(actor_report(worker, episodes=[kill] * 10, every_env_ended=False))
+    reports.tick()
+    assert reports.solved_policy(0.0) is None and reports.objective(0) is None
+    assert reports.numbers.best_rewards == [None]
+    assert "reward 80.00 length 5.0 (100 of 120 episodes)" in reports.status_line()  # the status shows what ended
+    for worker in range(11):  # the envs' long failures end, and more lucky kills, on all workers but the last
+        reports.on_actor(actor_report(worker, episodes=[timeout] * 6 + [kill] * 2, every_env_ended=True))
+    reports.tick()
+    assert reports.solved_policy(0.0) is None and reports.numbers.best_rewards == [None]
+    reports.on_actor(actor_report(11, episodes=[timeout] * 6 + [kill] * 2, every_env_ended=True))
+    reports.tick()  # a full window of what a random policy does: no target, and the best is that window's mean
+    mean = np.mean(([80.0] * 10 * 12 + ([-300.0] * 6 + [80.0] * 2) * 12)[-100:])
+    assert reports.solved_policy(0.0) is None and reports.objective(0) == pytest.approx(mean)
+    assert reports.numbers.best_rewards == [pytest.approx(mean)]
+    reports.on_actor(actor_report(0, episodes=[kill] * 100))  # a policy that learned
+    assert reports.solved_policy(0.0) == (0, 80.0)
 
 
 def test_the_scripts_read_the_status(tmp_path):

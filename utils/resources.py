@@ -1,4 +1,5 @@
-"""What the machine (or the container's cgroup) has left: shared memory, disk, memory, OOM kills. Torch-free.
+"""What the machine (or the container's cgroup) has left: shared memory, disk, memory, OOM kills; its CUDA devices.
+Torch-free.
 
 Running out of any of them is said in one line with the numbers and the fix, never left to a SIGBUS, a half-written
 file or a traceback per log line.
@@ -7,8 +8,11 @@ file or a traceback per log line.
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
+import subprocess
+import sys
 
 import psutil
 
@@ -119,3 +123,17 @@ def oom_kills(root: str = "/") -> int | None:
                 if key == "oom_kill" and value.strip().isdigit():
                     return int(value)
     return None
+
+
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL2: a GPU torch could use
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices torch sees, asked in a child process: CUDA is never initialised in the runner, which forks
+    the workers (a forked child cannot use a CUDA context its parent made), and torch stays out of it. A machine
+    without a GPU driver's device files has none: 0 without the child's seconds of importing torch."""
+    if not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
+        return 0
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True)
+    return int(probe.stdout.strip() or 0)

@@ -8,13 +8,14 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
 
 - Encoder (`--encoder=auto`): mlp for vectors; nature_cnn for images, small_cnn when a side is under 36 pixels.
 - Images: a CNN's SGD on a CPU is the bottleneck, so every sample is trained on once, in minibatches of
-  --batch_size, at a lower learning rate and with Atari's usual discount and exploration (IMAGE_LEARNING).
+  --batch_size, at a lower learning rate and with Atari's usual exploration bonus (IMAGE_LEARNING).
 - Continuous actions only (every part a Box): no entropy bonus (CONTINUOUS_LEARNING). The Gaussian's learned std
   does the exploring, and a bonus on it keeps the std wide, so returns plateau (images included).
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
-- Images on a CPU with native bfloat16 (AVX512-BF16, AMX): `--learner_bf16=True --inference_bf16=True`, the
-  CNN's SGD under bfloat16 autocast and its forward passes on a bfloat16 copy of its weights (scripts/bench_cnn.py
-  measures these against float32, channels_last, oneDNN's bf16 fpmath, jit.freeze and torch.compile).
+- Images on a CPU with native bfloat16 (AVX512-BF16, AMX), when that CPU learns and infers (--device=cpu, or auto
+  where torch sees no CUDA device): `--learner_bf16=True --inference_bf16=True`, the CNN's SGD under bfloat16
+  autocast and its forward passes on a bfloat16 copy of its weights (scripts/bench_cnn.py measures these against
+  float32, channels_last, oneDNN's bf16 fpmath, jit.freeze and torch.compile). On CUDA the flags do nothing.
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
   observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
@@ -43,6 +44,7 @@ from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.vector import steps_batched
 from appo.spaces import action_spec, auto_encoder, obs_spaces
+from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
 INFERENCE_BATCH = 32
@@ -52,8 +54,8 @@ FAST_SUB_ENV_S = 5e-6
 FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
 FAST_BATCHED_ENVS_PER_SPLIT = 32
 
-IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
-                  "gae_lambda": 0.95, "exploration_loss_coeff": 0.01}
+IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4,
+                  "exploration_loss_coeff": 0.01}
 
 CONTINUOUS_LEARNING = {"exploration_loss_coeff": 0.0}
 
@@ -77,7 +79,8 @@ def flag_help(name: str) -> str:
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
     if name in ("learner_bf16", "inference_bf16"):
-        rules.append("True for image observations on a CPU with native bfloat16 (avx512_bf16 or amx_bf16)")
+        rules.append("True for image observations when a CPU with native bfloat16 (avx512_bf16 or amx_bf16) "
+                     "learns and infers: --device=cpu, or auto without a CUDA device")
     if name == "actor_niceness":
         rules.append(f"{COSTLY_ACTOR_NICENESS} for env steps of {COSTLY_STEP_S * 1e3:g} ms or more")
     return f" Auto, when not given: {'; '.join(rules)}." if rules else ""
@@ -111,6 +114,12 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
     return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def learns_on_cpu(device: str) -> bool:
+    """Whether --device puts the learner and inference on the CPU, as appo/learning/device.py resolves it: cpu, or
+    auto where torch sees no CUDA device (asked only when it matters: it may take a child process)."""
+    return device == "cpu" or (device == "auto" and cuda_device_count() == 0)
 
 
 def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Choice | None:
@@ -158,10 +167,10 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
     if continuous:
         found.append(Choice(dict(CONTINUOUS_LEARNING), "continuous actions: the Gaussian's learned std explores, an "
                                                        "entropy bonus would keep it wide"))
-    if images and cpu_has_bf16():
+    if images and cpu_has_bf16() and learns_on_cpu(cfg.device):  # the model applies the flags on a CPU only
         found.append(Choice({"learner_bf16": True, "inference_bf16": True},
-                            "image observations and a CPU with native bfloat16: the CNN's SGD and forward passes run "
-                            "faster in bfloat16"))
+                            "image observations and a CPU with native bfloat16 that learns and infers: the CNN's SGD "
+                            "and forward passes run faster in bfloat16"))
     if info.step_seconds is not None:  # (images keep IMAGE_LEARNING's learning rate)
         found += [rule for rule in (sampler_sizing(cfg, info.step_seconds, info.num_agents),
                                     None if images else fast_batched_sizing(cfg, info.step_seconds)) if rule]

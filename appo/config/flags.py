@@ -274,8 +274,8 @@ class Config:
                              "Use V-trace targets and advantages (off-policy corrected) instead of GAE.")
     vtrace_rho: float = flag(1.0, LEARNING, "V-trace rho-bar: clip of importance weights in targets.")
     vtrace_c: float = flag(1.0, LEARNING, "V-trace c-bar: clip of the trace-cutting coefficients.")
-    gae_lambda: float = flag(0.98, LEARNING, "GAE lambda (used when --with_vtrace=False).", valid="[0, 1]")
-    gamma: float = flag(0.999, LEARNING, "Discount factor of future rewards.", valid="(0, 1]")
+    gae_lambda: float = flag(0.95, LEARNING, "GAE lambda (used when --with_vtrace=False).", valid="[0, 1]")
+    gamma: float = flag(0.99, LEARNING, "Discount factor of future rewards.", valid="(0, 1]")
     normalize_advantage: bool = flag(True, LEARNING,
                                      "Normalise advantages to zero mean and unit std within each minibatch.")
     value_bootstrap: bool = flag(True, LEARNING,
@@ -406,7 +406,8 @@ class Config:
                                     valid="(0, inf)")
     target_reward: float | None = flag(None, STOPPING,
                                        "Stop (and mark done) once a policy's mean reward over the last --stats_avg "
-                                       "episodes reaches this.")
+                                       "episodes reaches this (counted once every env has ended an episode: the "
+                                       "first to end are the short ones).")
     target_objective: float | None = flag(None, STOPPING,
                                           "Stop (and mark done) once a policy's mean objective (see "
                                           "--pbt_target_objective) over the last --stats_avg episodes reaches this, "

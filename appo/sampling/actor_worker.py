@@ -305,5 +305,6 @@ class ActorWorker(WorkerRole):
         episodes, games, nonfinite = self.episodes.take()
         self.report_queue.put(ActorReport(
             worker=self.worker, env_steps=self.env_steps, episodes=episodes, games=games, timing=self.timing.take(),
-            env_errors=self.stepper.take_errors(), nonfinite=nonfinite, state=self._state()))
+            env_errors=self.stepper.take_errors(), nonfinite=nonfinite, state=self._state(),
+            every_env_ended=self.episodes.every_env_ended()))
         self.env_steps = 0

@@ -43,6 +43,9 @@ class EpisodeTracker:
         self.games: list[GameEnd] = []  # multi-agent envs played by more than one acting id, for the ratings
         self.nonfinite = 0
         self.nonfinite_reported: set[tuple[int, int]] = set()  # (split, env) already logged
+        # [split, env]: the env has ended an episode since this worker started (see `every_env_ended`).
+        self.ended_once = np.zeros((layout.num_splits, n // self.num_agents), dtype=bool)
+        self.all_ended_once = False
 
     def add_rewards(self, s: int, rewards: list[float]) -> list[float]:
         """Count one step of split s with its rewards (one per env-agent); returns the rewards to store.
@@ -93,6 +96,7 @@ class EpisodeTracker:
         objective = info.get("true_objective")
         per_agent = isinstance(objective, (list, tuple, np.ndarray))  # a game's score (Doom: frags), else the return
         scores = []
+        self.ended_once[s, i] = True
         for j in range(i * a, (i + 1) * a):
             reward = float(returns[j] if true_score is None else true_score)
             scores.append(float(objective[j - i * a]) if per_agent else reward)
@@ -128,6 +132,7 @@ class EpisodeTracker:
                           if policy < self.cfg.num_policies]
         returns[index] = 0.0
         starts[index] = self.steps[s]
+        self.ended_once[s, index] = True
 
     def _objective(self, info: dict, extra: dict[str, float], episode_reward: float, agent: int) -> float | None:
         """What PBT ranks policies by (--pbt_target_objective): by default the env's `info["true_objective"]`
@@ -139,6 +144,14 @@ class EpisodeTracker:
             return episode_reward if value is None else float(value)
         value = for_agent(info.get(name, extra.get(name)), agent)
         return float(value) if isinstance(value, (int, float, np.number)) else None
+
+    def every_env_ended(self) -> bool:
+        """Whether each env of this worker has ended an episode (a game, for envs with lives) since it started. Until
+        then the episodes that ended are biased toward short ones: every env started at once, and the long episodes
+        are still running. The runner judges targets and PBT only once every worker says so."""
+        if not self.all_ended_once:
+            self.all_ended_once = bool(self.ended_once.all())
+        return self.all_ended_once
 
     def take(self) -> tuple[list[EpisodeEnd], list[GameEnd], int]:
         """The episodes, games and non-finite reward count since the last call."""

@@ -99,7 +99,11 @@ class Numbers:
         return {name: float(np.mean(values)) for name, values in self.tally.policies[policy].episodes.extra.items()}
 
     def _full_window(self, policy: int, measure: str) -> list[float] | None:
-        """Episode "reward" or "objective" of the last --stats_avg episodes; None until there are that many."""
+        """Episode "reward" or "objective" of the last --stats_avg episodes; None until there are that many, and
+        until every env has ended an episode (Tally.every_env_ended): before, the window holds the short episodes
+        of the synchronised start, so the targets, the best reward and PBT would judge a policy on luck."""
+        if not self.tally.every_env_ended:
+            return None
         window = self.tally.policies[policy].episodes
         values = list(window.objectives) if measure == "objective" else [reward for reward, _ in window.recent]
         return values if len(values) == self.cfg.stats_avg else None

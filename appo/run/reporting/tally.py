@@ -196,8 +196,8 @@ class ClusterTraffic:
 class Tally:
     """The runner's intake: every report the workers send, summed or kept as its newest value. Owns each policy's
     env steps (trained + dropped, the budget's count) and PolicyTally, the env steps sampled this session and both
-    counts over time, the faults survived, the measured period, the cluster traffic, each worker's last state, and
-    what the runner sets: `restarts`, `hyperparams`, `ratings`. Writes nothing."""
+    counts over time, the faults survived, the measured period, the cluster traffic, each worker's last state, whether
+    every env has ended an episode, and what the runner sets: `restarts`, `hyperparams`, `ratings`. Writes nothing."""
 
     def __init__(self, cfg: RunnerConfig, initial_env_steps: Sequence[int], clock: Clock) -> None:
         self.cfg, self.clock = cfg, clock
@@ -215,6 +215,12 @@ class Tally:
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
         self.ratings = None  # appo.population.ratings.Ratings, set by the runner when games have several players
         self.period = MeasuredPeriod(cfg.num_workers, clock)
+        # Every env starts its first episode at once, so the first episodes to end are the short ones: a window of
+        # them says nothing of the policy (a random policy's lucky kills in doom_basic) until every env has ended
+        # one, the long ones included. Set once every actor worker said so in a report; it stays set (a replaced
+        # worker restarts only its own few envs).
+        self.every_env_ended = False
+        self.workers_ended: set[int] = set()
         self.cluster = ClusterTraffic()
         self.device = "?"
         self.states: dict[str, tuple[str, float]] = {}  # each worker's last reported state and when, for stalls
@@ -240,6 +246,9 @@ class Tally:
         self.nonfinite_values += report.nonfinite
         for episode in report.episodes:
             self.policies[episode.policy].episodes.add(episode)
+        if report.every_env_ended and not self.every_env_ended:
+            self.workers_ended.add(report.worker)
+            self.every_env_ended = len(self.workers_ended) == self.cfg.num_workers
 
     def on_inference(self, report: InferenceReport) -> None:
         self.states[report.name] = (report.state, self.clock())
