@@ -1,0 +1,547 @@
+"""The named benchmark tables: the trainer's defaults at the budgets users compare trainers by, beside the published
+numbers, filled cell by cell (task x seed) over as many sittings as it takes.
+
+    python scripts/benchmark.py mujoco-1m --seeds 3             # docs/benchmarks.md, docs/benchmarks_mujoco-1m.png
+    python scripts/benchmark.py atari-10m --tasks Pong,Breakout --seeds 1
+    python scripts/benchmark.py mujoco-1m --tasks Hopper --extra_flags "--gamma=0.99"    # the B arm of an A/B
+    python scripts/benchmark.py mujoco-1m --tasks Hopper --seeds 1 --steps_scale 0.01  # a quick look, marked so
+    python scripts/benchmark.py --report                        # rewrite the docs from the finished cells only
+
+A cell is `python -m appo.train --env=ENV --seed=S --train_for_env_steps=BUDGET --train_dir=TRAIN_DIR/TABLE
+--experiment=NAME` plus bookkeeping only (`--stats_avg=100`, a summaries interval that gives a few hundred curve
+points) and `--extra_flags`. A cell run with extra flags or a scaled budget is another cell: both are in its name
+(`Hopper+gamma=0.99_0`, `Hopper+x0.01_0`), so it never mixes with the defaults' cells.
+
+Resumable, so a table can be filled across days: a cell that finished keeps its result in
+`<experiment>/benchmark_result.json` and is not run again; an interrupted one is resumed by running the same command
+again (the trainer resumes from its newest checkpoint and counts --train_for_env_steps over the whole run). Ctrl-C
+or SIGTERM stops the current cell (the trainer saves a checkpoint) and the script. Each sitting of a cell is a
+segment in `<experiment>/benchmark_segments.json`; the cell's wall time is the sum of its segments (from launching
+the trainer to its exit, start-up included; a segment cut off by SIGKILL or a power loss ends at the last write of
+the run's log.txt).
+
+For each cell: the mean return of the last 100 training episodes at the budget (CleanRL's measure: the trainer's
+final status, whose mean is over `--stats_avg` episodes of the last session), a deterministic evaluation of the
+final checkpoint with `python -m appo.enjoy --deterministic` (Sample Factory's and RL Zoo's measure), env steps,
+wall time, env steps/s, the machine, the date and the commit. docs/benchmarks.md has a section per table, written
+again after every cell from all finished cells under --train_dir, with the published numbers (PUBLISHED, with their
+sources) beside them; docs/benchmarks_<table>.png has a panel of learning curves per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pbt_experiment import final_stats  # noqa: E402
+from time_to_solve import run_trainer  # noqa: E402
+
+from appo.config.auto import cpu_has_bf16  # noqa: E402
+from appo.run.reporting.formatting import duration, si  # noqa: E402
+from appo.utils.files import atomic_write_text  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MUJOCO_STEPS = ("Env steps are the gymnasium env's steps (each one action; MuJoCo's physics substeps are inside "
+                "it), the count CleanRL's `total_timesteps`, RL Zoo's `n_timesteps` and Sample Factory's env steps "
+                "use.")
+ATARI_STEPS = ("Env steps are agent steps: one action, 4 emulator frames (frame skip 4), the count the trainer's "
+               "`--train_for_env_steps` and its `env steps` use (the status line's FPS counts frames). 10M env steps "
+               "are 40M frames: CleanRL's `total_timesteps=10000000` (one step per env per action). Settings: "
+               "EnvPool's Atari v5 with this trainer's preprocessing (`appo.envs.vector.envpool_atari_kwargs`): up to "
+               "30 no-op frames at a game's start, FIRE on reset, frame skip 4 with the max of the last two frames, "
+               "84x84 gray, 4 stacked frames, minimal action set, no sticky actions (repeat_action_probability 0), "
+               "27,000 steps (108,000 frames) per game; a lost life ends a training episode and rewards are clipped "
+               "to their sign for learning, while the returns here are whole games' unclipped scores (training "
+               "episodes as the trainer reports them, and the evaluation's games). CleanRL's envpool variant "
+               "(`ppo_atari_envpool.py`) calls `envpool.make(id, episodic_life=True, reward_clip=True)` with EnvPool's "
+               "defaults otherwise, which are the settings above in EnvPool 1.2; its gymnasium variant "
+               "(`ppo_atari.py`) plays the NoFrameskip-v4 ids (no sticky actions, minimal action set) through "
+               "openai/baselines' wrappers (no-op reset 30, max-and-skip 4, episodic life, FIRE reset, clipped "
+               "rewards, 84x84 gray, 4 stacked frames).")
+
+
+@dataclass(frozen=True)
+class Table:
+    tasks: tuple[str, ...]  # --env ids
+    env_steps: int  # the budget of every cell
+    steps_note: str  # how env steps are counted (and, for Atari, the settings beside the published ones)
+
+
+TABLES = {
+    "mujoco-1m": Table(("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5", "InvertedPendulum-v5",
+                        "InvertedDoublePendulum-v5", "Swimmer-v5", "Pusher-v5"), 1_000_000, MUJOCO_STEPS),
+    "mujoco-10m": Table(("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Humanoid-v5", "Ant-v5",
+                         "InvertedDoublePendulum-v5"), 10_000_000, MUJOCO_STEPS),
+    "atari-10m": Table(("envpool:Pong-v5", "envpool:Breakout-v5", "envpool:BeamRider-v5"), 10_000_000, ATARI_STEPS),
+}
+
+
+@dataclass(frozen=True)
+class Published:
+    name: str  # the column's header
+    measure: str  # what the number is, to compare it with the right column of ours
+    source: str
+    values: dict[str, tuple[float, float | None]]  # task (short name: Hopper, Pong) -> (value, spread or None)
+
+
+CLEANRL_PPO = "https://docs.cleanrl.dev/rl-algorithms/ppo/"
+# Every published number the tables show, with its source; nothing else in the script holds one.
+PUBLISHED: dict[str, list[Published]] = {
+    "mujoco-1m": [
+        Published("CleanRL PPO (v4)", "average episodic return of training at 1M steps, ± std over seeds",
+                  f"CleanRL, `ppo_continuous_action.py`, MuJoCo v4, 1M steps, tag pr-424 ({CLEANRL_PPO}"
+                  "#ppo_continuous_actionpy; the table is docs/benchmark/ppo_continuous_action.md of vwxyzjn/cleanrl)",
+                  {"HalfCheetah": (1442.64, 46.03), "Walker2d": (2287.95, 571.78), "Hopper": (2382.86, 271.74),
+                   "InvertedPendulum": (963.09, 22.20), "Humanoid": (716.11, 49.08), "Pusher": (-40.38, 7.15)}),
+        Published("RL Zoo PPO, tuned (v3)", "deterministic evaluation of one trained agent, ± std over its episodes",
+                  "RL Baselines3 Zoo, benchmark.md (ppo rows, n_timesteps 1M, MuJoCo v3, tuned hyper-parameters; "
+                  "https://github.com/DLR-RM/rl-baselines3-zoo/blob/master/benchmark.md)",
+                  {"Hopper": (2410.435, 10.026), "Walker2d": (3478.798, 821.708), "HalfCheetah": (5819.099, 663.530),
+                   "Ant": (1327.158, 451.577), "Swimmer": (281.561, 9.671)}),
+    ],
+    "mujoco-10m": [
+        Published("Sample Factory 2 APPO (v4)",
+                  "evaluation (10 episodes) of the best model of its runs against CleanRL, ± std over the episodes",
+                  "Sample Factory 2 docs, MuJoCo, Models: 10M steps, MuJoCo v4 "
+                  "(https://www.samplefactory.dev/09-environment-integrations/mujoco/)",
+                  {"Ant": (5876.09, 166.99), "HalfCheetah": (6262.56, 67.29), "Humanoid": (5439.48, 1314.24),
+                   "Walker2d": (5487.74, 48.96), "Hopper": (2793.44, 642.58),
+                   "InvertedDoublePendulum": (9350.13, 1.31)}),
+    ],
+    "atari-10m": [
+        Published("CleanRL PPO, EnvPool", "average episodic return (whole games) of training, ± std over seeds",
+                  f"CleanRL, `ppo_atari_envpool.py`, EnvPool v5 ids, 10M steps (40M frames), tag pr-424 "
+                  f"({CLEANRL_PPO}#ppo_atari_envpoolpy; docs/benchmark/ppo_atari_envpool.md of vwxyzjn/cleanrl)",
+                  {"Pong": (20.45, 0.09), "BeamRider": (2501.85, 210.52), "Breakout": (211.24, 151.84)}),
+        Published("CleanRL PPO, gymnasium", "average episodic return (whole games) of training, ± std over seeds",
+                  f"CleanRL, `ppo_atari.py`, NoFrameskip-v4 ids, 10M steps (40M frames), tag pr-424 "
+                  f"({CLEANRL_PPO}#ppo_ataripy; docs/benchmark/ppo_atari.md of vwxyzjn/cleanrl)",
+                  {"Pong": (20.36, 0.20), "BeamRider": (1915.93, 484.58), "Breakout": (414.66, 28.09)}),
+    ],
+}
+
+RESULT = "benchmark_result.json"  # a finished cell's numbers, in its experiment dir
+SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, commit
+STATS_AVG = 100  # episodes in the final mean return (CleanRL-style "last 100 episodes")
+CURVE_POINTS = 500_000  # env steps per second of summaries interval: a few hundred points a run, 1 to 30 s apart
+OWN_FLAGS = ("--env", "--seed", "--train_for_env_steps", "--train_dir", "--experiment")
+SUMMARY_STEPS = re.compile(r"Summary: [^,]*, (\d+) env steps")
+FINAL_EPISODES = re.compile(r"\bp0: final reward \S+ \(best [^)]*\) over (\d+) episodes")
+RESUMED = re.compile(r"policy 0: resumed from \S+ \(version \d+, (\d+) env steps\)")
+ENJOY_SUMMARY = re.compile(r"(\d+) episodes: return (-?[0-9.]+) ± ([0-9.]+), length ([0-9.]+)")
+
+
+def short_name(env: str) -> str:
+    """The task's name in the tables and in PUBLISHED: Hopper-v5 -> Hopper, envpool:Pong-v5 -> Pong."""
+    return re.sub(r"-v\d+$", "", env.split(":")[-1])
+
+
+@dataclass(frozen=True)
+class Cell:
+    table: str
+    env: str
+    seed: int
+    extra_flags: tuple[str, ...]
+    steps_scale: float
+    train_dir: str  # the script's --train_dir; the cell's runs live in train_dir/<table>/
+
+    @property
+    def variant(self) -> str:
+        """What tells this cell's runs from the defaults' at the full budget, as a name suffix ('' for those)."""
+        parts = [flag.lstrip("-") for flag in self.extra_flags]
+        if self.steps_scale != 1:
+            parts.append(f"x{self.steps_scale:g}")
+        return "".join("+" + re.sub(r"[^\w.=,-]", "_", part) for part in parts)
+
+    @property
+    def name(self) -> str:
+        return f"{short_name(self.env)}{self.variant}_{self.seed}"  # `_<seed>` last: appo.plot groups the seeds
+
+    @property
+    def exp_dir(self) -> str:
+        return os.path.join(self.train_dir, self.table, self.name)
+
+    @property
+    def budget(self) -> int:
+        return max(1, round(TABLES[self.table].env_steps * self.steps_scale))
+
+    def flags(self) -> list[str]:
+        interval = min(30.0, max(1.0, self.budget / CURVE_POINTS))
+        return [f"--env={self.env}", f"--seed={self.seed}", f"--train_for_env_steps={self.budget}",
+                f"--train_dir={os.path.join(self.train_dir, self.table)}", f"--experiment={self.name}",
+                f"--stats_avg={STATS_AVG}", f"--experiment_summaries_interval={interval:g}", *self.extra_flags]
+
+
+# ---------------------------------------------------------------- where and when
+def machine() -> str:
+    """The CPU model, its widest vector instructions and how many CPUs this process may use: the auto rules and the
+    timings depend on all three (a VM may name its CPU only "AMD EPYC")."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    features = ", ".join(filter(None, [vector, "bf16" if cpu_has_bf16() else None]))
+    return f"{model}{f' ({features})' if features else ''}, {len(os.sched_getaffinity(0))} CPUs"
+
+
+def commit() -> str:
+    """The checkout's commit, `+dirty` when tracked files differ from it: which code a number belongs to."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def read_json(path: str, default: Any) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return default
+
+
+def write_json(path: str, value: Any) -> None:
+    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- running cells
+class Stop:
+    """Ctrl-C or SIGTERM: the trainer (or enjoy) is asked to stop with SIGINT (the trainer saves a checkpoint),
+    and no further cell starts. The script's own handler keeps it alive to record the segment."""
+
+    requested = False
+
+    @classmethod
+    def install(cls) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, cls._on_signal)
+
+    @classmethod
+    def _on_signal(cls, signum: int, frame: object) -> None:
+        cls.requested = True
+        for child in psutil.Process().children():  # a Ctrl-C reached them already; a second SIGINT changes nothing
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGINT)
+
+
+def close_cut_segment(segments: list[dict], exp_dir: str) -> None:
+    """A segment whose end was never written (the script was killed hard) ended at the run's last log line."""
+    if segments and segments[-1].get("end") is None:
+        log_path = os.path.join(exp_dir, "log.txt")
+        last_write = os.path.getmtime(log_path) if os.path.exists(log_path) else segments[-1]["start"]
+        segments[-1]["end"] = max(segments[-1]["start"], last_write)
+        segments[-1]["cut"] = True
+
+
+def train(cell: Cell) -> str:
+    """One segment of the cell's training: 'done', 'stopped' (Ctrl-C, SIGTERM) or 'failed'."""
+    os.makedirs(cell.exp_dir, exist_ok=True)
+    path = os.path.join(cell.exp_dir, SEGMENTS)
+    segments = read_json(path, [])
+    close_cut_segment(segments, cell.exp_dir)
+    segment = {"start": time.time(), "end": None, "commit": commit(), "machine": machine()}
+    write_json(path, [*segments, segment])
+    print(f"{cell.table} {cell.name}: python -m appo.train {shlex.join(cell.flags())}  "
+          f"(segment {len(segments) + 1}; log: {os.path.join(cell.exp_dir, 'log.txt')})", flush=True)
+    run = run_trainer(cell.flags())
+    segment["end"] = time.time()
+    resumed = RESUMED.search(run.output)
+    segment["resumed_from_env_steps"] = int(resumed.group(1)) if resumed else 0
+    segment["returncode"] = run.returncode
+    write_json(path, [*segments, segment])
+    if os.path.exists(os.path.join(cell.exp_dir, "done")):
+        return "done"
+    return "stopped" if Stop.requested or run.returncode == 0 else "failed"
+
+
+def evaluate(cell: Cell, episodes: int) -> dict | None:
+    """`appo.enjoy --deterministic` on the final checkpoint: the mean and std of the return over `episodes`."""
+    command = [sys.executable, "-m", "appo.enjoy", f"--train_dir={os.path.join(cell.train_dir, cell.table)}",
+               f"--experiment={cell.name}", f"--episodes={episodes}", "--deterministic"]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    match = ENJOY_SUMMARY.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        if not Stop.requested:
+            print(f"{cell.name}: evaluation failed (exit {done.returncode}): {(done.stdout + done.stderr)[-1500:]}",
+                  file=sys.stderr)
+        return None
+    return {"episodes": int(match.group(1)), "reward": float(match.group(2)), "reward_std": float(match.group(3)),
+            "length": float(match.group(4)), "seconds": round(time.monotonic() - started, 1),
+            "command": "python -m appo.enjoy " + shlex.join(command[3:])}
+
+
+def result_of(cell: Cell, evaluation: dict) -> dict:
+    """The finished cell's numbers, from its log.txt (every segment's output, appended) and its segments."""
+    with open(os.path.join(cell.exp_dir, "log.txt")) as f:
+        log = f.read()
+    stats = final_stats(log).get(0, {})
+    steps, episodes = SUMMARY_STEPS.findall(log), FINAL_EPISODES.findall(log)
+    segments = read_json(os.path.join(cell.exp_dir, SEGMENTS), [])
+    close_cut_segment(segments, cell.exp_dir)
+    wall_s = sum(s["end"] - s["start"] for s in segments)
+    env_steps = int(steps[-1]) if steps else None
+    rate = round(env_steps / wall_s, 1) if env_steps and wall_s else None
+    return {"table": cell.table, "task": short_name(cell.env), "env": cell.env, "seed": cell.seed,
+            "extra_flags": list(cell.extra_flags), "steps_scale": cell.steps_scale, "budget": cell.budget,
+            "env_steps": env_steps, "final_reward": stats.get("reward"),
+            "final_episodes": int(episodes[-1]) if episodes else None, "eval": evaluation,
+            "wall_s": round(wall_s, 1), "env_steps_per_s": rate,
+            "segments": segments, "machine": "; ".join(sorted({s["machine"] for s in segments})) or machine(),
+            "commits": sorted({s["commit"] for s in segments}), "date": time.strftime("%Y-%m-%d"),
+            "experiment": cell.name, "flags": cell.flags()}
+
+
+def run_cell(cell: Cell, eval_episodes: int) -> str:
+    """Finish the cell: 'kept' (finished before), 'done', 'stopped' or 'failed'."""
+    result_path = os.path.join(cell.exp_dir, RESULT)
+    if os.path.exists(result_path):
+        print(f"{cell.table} {cell.name}: finished before, kept ({result_path})", flush=True)
+        return "kept"
+    if not os.path.exists(os.path.join(cell.exp_dir, "done")):  # else trained already, only the evaluation is due
+        outcome = train(cell)
+        if outcome != "done":
+            return outcome
+    evaluation = evaluate(cell, eval_episodes)
+    if evaluation is None:
+        return "stopped" if Stop.requested else "failed"
+    result = result_of(cell, evaluation)
+    write_json(result_path, result)
+    final = ("no finished episode" if result["final_reward"] is None else
+             f"last {result['final_episodes']} episodes {result['final_reward']:.2f}")
+    print(f"{cell.table} {cell.name}: {final}, "
+          f"deterministic {evaluation['reward']:.2f} ± {evaluation['reward_std']:.2f}, "
+          f"{result['env_steps']} env steps in {duration(result['wall_s'])}", flush=True)
+    return "done"
+
+
+# ---------------------------------------------------------------- the report
+def results(train_dir: str, table: str) -> list[dict]:
+    return [read_json(path, None) for path in sorted(glob.glob(os.path.join(train_dir, table, "*", RESULT)))]
+
+
+def number(value: float, like: float | None = None) -> str:
+    """Whole numbers from 100 on, else 2 decimals; `like`: as many decimals as that value gets (a spread)."""
+    return f"{value:,.0f}" if abs(value if like is None else like) >= 100 else f"{value:.2f}"
+
+
+def plus_minus(value: float, spread: float | None) -> str:
+    return number(value) + ("" if spread is None else f" ± {number(spread, like=value)}")
+
+
+def over_seeds(values: list[float]) -> str:
+    """Mean ± std over seeds, with the number of seeds."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{number(values[0])} (n=1)"
+    return f"{plus_minus(statistics.mean(values), statistics.stdev(values))} (n={len(values)})"
+
+
+def run_label(result: dict) -> str:
+    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"]) or "defaults"
+    if result["steps_scale"] != 1:
+        flags += f", **quick look: {result['steps_scale']:g} of the budget** ({result['budget']:,} env steps)"
+    return flags
+
+
+def rows(table: str, found: list[dict]) -> list[str]:
+    """One row per task and run (the defaults, then each variant), seeds pooled; a task without cells shows the
+    published numbers only."""
+    published = PUBLISHED.get(table, [])
+    header = ["task", "run", "last 100 episodes", "deterministic eval", "wall time a run", "env steps/s",
+              "commit, date", "machine", *(p.name for p in published)]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for env in TABLES[table].tasks:
+        task = short_name(env)
+        mine = [r for r in found if r["env"] == env]
+        groups: dict[str, list[dict]] = {}
+        for result in sorted(mine, key=lambda r: (r["steps_scale"] != 1, bool(r["extra_flags"]), r["seed"])):
+            groups.setdefault(run_label(result), []).append(result)
+        theirs = [plus_minus(*p.values[task]) if task in p.values else "-" for p in published]
+        if not groups:
+            lines.append("| " + " | ".join([task, "not run yet", "-", "-", "-", "-", "-", "-", *theirs]) + " |")
+        for label, cells in groups.items():
+            finals = [r["final_reward"] for r in cells if r["final_reward"] is not None]
+            final = over_seeds(finals) + (" †" if any((r["final_episodes"] or 0) < STATS_AVG for r in cells) else "")
+            evals = over_seeds([r["eval"]["reward"] for r in cells])
+            walls = statistics.mean(r["wall_s"] for r in cells)
+            rates = [r["env_steps_per_s"] for r in cells if r["env_steps_per_s"]]
+            when = ", ".join(sorted({c for r in cells for c in r["commits"]})) + ", " + \
+                " to ".join(sorted({min(r["date"] for r in cells), max(r["date"] for r in cells)}))
+            machines = "; ".join(sorted({r["machine"] for r in cells}))
+            lines.append("| " + " | ".join([task, label, final, evals, duration(walls),
+                                            si(statistics.mean(rates)) if rates else "-", when, machines, *theirs])
+                         + " |")
+    return lines
+
+
+def section(table: str, found: list[dict], png: str | None) -> str:
+    spec = TABLES[table]
+    eval_episodes = sorted({r["eval"]["episodes"] for r in found})
+    text = [f"## {table}: {spec.env_steps:,} env steps", "",
+            f"`python scripts/benchmark.py {table} --seeds N`; finished cells: {len(found)}. {spec.steps_note}", "",
+            *rows(table, found), "",
+            "Ours: *last 100 episodes* is the mean return of the last 100 training episodes at the budget (the "
+            "trainer's final status), mean ± std over seeds; *deterministic eval* is `python -m appo.enjoy "
+            f"--deterministic` on the final checkpoint ({'/'.join(map(str, eval_episodes)) or 'N'} episodes a seed), "
+            "mean ± std of the seeds' means; *wall time a run* is from launching the trainer to its exit, summed over "
+            "the sittings of a resumed run, mean over seeds; *env steps/s* is env steps over that wall time."]
+    for p in PUBLISHED.get(table, []):
+        text.append(f"- {p.name}: {p.measure}. Source: {p.source}.")
+    short = [r for r in found if (r["final_episodes"] or 0) < STATS_AVG]
+    if short:
+        text.append("- †: fewer than 100 episodes in a seed's final mean (the trainer's episode window starts empty in "
+                    "each session: a run resumed close to its budget, or a short one, averages fewer; "
+                    + ", ".join(f"{r['task']} seed {r['seed']}: {r['final_episodes'] or 0}" for r in short) + ").")
+    if png:
+        text += ["", f"![learning curves, {table}]({os.path.basename(png)})"]
+    return "\n".join(text) + "\n"
+
+
+def curves(table: str, found: list[dict], train_dir: str, out: str) -> None:
+    """One panel per task with finished cells: each run's curve (mean of seeds, range shaded; appo.plot's draw)
+    and the published numbers as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from appo.config.cfg import ConfigError
+    from appo.tools.plot import draw
+
+    tasks = [env for env in TABLES[table].tasks if any(r["env"] == env for r in found)]
+    columns = min(3, len(tasks))
+    fig, axes = plt.subplots(math.ceil(len(tasks) / columns), columns, figsize=(5 * columns, 3.6 *
+                             math.ceil(len(tasks) / columns)), squeeze=False)
+    for ax, env in zip(axes.flat, tasks):
+        try:
+            draw(ax, [os.path.join(train_dir, table, r["experiment"]) for r in found if r["env"] == env])
+        except ConfigError as exc:  # a run without summaries (moved, deleted): the table still has its numbers
+            ax.text(0.5, 0.5, "no curve: " + str(exc).split(";")[0][-70:], transform=ax.transAxes, ha="center",
+                    fontsize=6)
+        for style, p in zip(("--", "-.", ":"), PUBLISHED.get(table, [])):
+            if short_name(env) in p.values:
+                ax.axhline(p.values[short_name(env)][0], color="grey", linestyle=style, linewidth=1,
+                           label=f"{p.name}: {number(p.values[short_name(env)][0])}")
+        ax.legend(fontsize=7)
+        ax.set_title(short_name(env))
+        ax.set_ylabel("mean return, last 100 episodes")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def write_report(train_dir: str, out: str) -> str:
+    """docs/benchmarks.md (a section per table) and a PNG per table with finished cells, from every result file
+    under train_dir: cells finished in any sitting, by any command, all count."""
+    os.makedirs(out, exist_ok=True)
+    sections = []
+    for table in TABLES:
+        found = results(train_dir, table)
+        png = os.path.join(out, f"benchmarks_{table}.png") if found else None
+        if png:
+            curves(table, found, train_dir, png)
+        sections.append(section(table, found, png))
+    path = os.path.join(out, "benchmarks.md")
+    atomic_write_text(path, "# Benchmarks at the standard budgets\n\nWritten by `scripts/benchmark.py` from the "
+                      f"finished cells under `{train_dir}` (each cell's `{RESULT}`); do not edit by hand. How to run "
+                      "the tables: [benchmarking.md](benchmarking.md#the-benchmark-tables).\n\n" + "\n".join(sections))
+    return path
+
+
+# ---------------------------------------------------------------- command line
+def pick_tasks(table: str, names: str | None, parser: argparse.ArgumentParser) -> list[str]:
+    tasks = TABLES[table].tasks
+    if names is None:
+        return list(tasks)
+    by_name = {short_name(env).lower(): env for env in tasks} | {env.lower(): env for env in tasks}
+    unknown = [name for name in names.split(",") if name.lower() not in by_name]
+    if unknown:
+        parser.error(f"--tasks: {', '.join(unknown)} not in {table} ({', '.join(map(short_name, tasks))})")
+    return [by_name[name.lower()] for name in names.split(",")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("table", nargs="?", choices=sorted(TABLES), help="Which table's cells to run.")
+    parser.add_argument("--tasks", default=None, help="Comma-separated tasks of the table (Hopper or Hopper-v5); "
+                                                      "default: all.")
+    parser.add_argument("--seeds", type=int, default=3, help="Seeds 0..N-1 of every task.")
+    parser.add_argument("--train_dir", default="train_dir/benchmark", help="The cells' runs: TRAIN_DIR/TABLE/CELL.")
+    parser.add_argument("--out", default="docs", help="Folder for benchmarks.md and benchmarks_<table>.png.")
+    parser.add_argument("--steps_scale", type=float, default=1.0,
+                        help="Multiplies the budget: a quick look, in cells of its own, marked as such.")
+    parser.add_argument("--extra_flags", default="", help="Trainer flags for an A/B, kept in the cells' names.")
+    parser.add_argument("--eval_episodes", type=int, default=10, help="Episodes of the deterministic evaluation.")
+    parser.add_argument("--report", action="store_true", help="Only rewrite the report from the finished cells.")
+    argv = sys.argv[1:]
+    if "--extra_flags" in argv[:-1]:  # its value starts with --, which argparse would take for a flag of its own
+        at = argv.index("--extra_flags")
+        argv[at:at + 2] = [f"--extra_flags={argv[at + 1]}"]
+    args = parser.parse_args(argv)
+    if args.table is None and not args.report:
+        parser.error("a table is required (or --report)")
+    if not 0 < args.steps_scale <= 1:
+        parser.error("--steps_scale must be in (0, 1]")
+    extra = tuple(shlex.split(args.extra_flags))
+    clashing = [flag for flag in extra if flag.split("=")[0] in OWN_FLAGS]
+    if clashing:
+        parser.error(f"--extra_flags: {' '.join(clashing)} is set by the cell itself")
+    if args.report:
+        print(f"report: {write_report(args.train_dir, args.out)}", flush=True)
+        return 0
+    tasks = pick_tasks(args.table, args.tasks, parser)
+    Stop.install()
+    outcomes: dict[str, int] = {}
+    cells = [Cell(args.table, env, seed, extra, args.steps_scale, args.train_dir)
+             for seed in range(args.seeds) for env in tasks]  # a seed of every task first: the table fills evenly
+    for cell in cells:
+        outcome = run_cell(cell, args.eval_episodes)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if outcome == "done" or Stop.requested:  # after every finished cell: a table filled over days reads well
+            print(f"report: {write_report(args.train_dir, args.out)}", flush=True)
+        if outcome == "stopped":  # Ctrl-C, SIGTERM, or the trainer stopped from outside: no further cell
+            Stop.requested = True
+            break
+    if "done" not in outcomes:  # nothing new: the report still shows the finished cells of --train_dir
+        print(f"report: {write_report(args.train_dir, args.out)}", flush=True)
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+    print(f"{args.table}: {len(cells)} cells; {counts}", flush=True)
+    if Stop.requested:
+        print("stopped: run the same command again to resume", flush=True)
+        return 130
+    return 1 if outcomes.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

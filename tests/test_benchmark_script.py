@@ -1,0 +1,127 @@
+"""scripts/benchmark.py, the tables at the standard budgets: one short Hopper cell interrupted after its first
+trained checkpoint, resumed by the same command and finished (result file, Markdown row, curves), then kept by a
+third run that starts no trainer; the report's rows and a hard-cut segment's end from recorded results."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, processes_mentioning, shm_entries
+from tests.test_guides import leaked_segments
+from tests.test_reporting import module
+
+CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pth$")
+SCALE, BUDGET = 0.02, 20_000  # 1M env steps x 0.02: ten iterations of the trainer's Hopper defaults
+
+
+def checkpoint_steps(exp_dir) -> list[int]:
+    """Env steps of the cell's checkpoints (none before the trainer made its dir)."""
+    folder = exp_dir / "checkpoint_p0"
+    names = os.listdir(folder) if folder.is_dir() else []
+    return sorted(int(match.group(1)) for match in map(CHECKPOINT.search, names) if match)
+
+
+def wait_for_trained_checkpoint(exp_dir, process: subprocess.Popen, timeout: float) -> None:
+    """Until a checkpoint with env steps in it is written (the first one, at version 0, has none)."""
+    deadline = time.monotonic() + timeout
+    while not any(checkpoint_steps(exp_dir)):
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, f"no trained checkpoint in {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(420)
+def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
+    before = shm_entries()
+    train_dir, out = tmp_path / "runs", tmp_path / "out"
+    command = [sys.executable, "scripts/benchmark.py", "mujoco-1m", "--tasks", "Hopper", "--seeds", "1",
+               "--steps_scale", str(SCALE), "--extra_flags", "--save_every_sec=1", "--eval_episodes", "3",
+               "--train_dir", str(train_dir), "--out", str(out)]
+    exp_dir = train_dir / "mujoco-1m" / f"Hopper+save_every_sec=1+x{SCALE:g}_0"  # the A/B flag and scale in the name
+    result_path = exp_dir / "benchmark_result.json"
+    try:
+        # 1. SIGTERM once a trained checkpoint exists: the trainer is asked to stop, saves, the script says so
+        first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for_trained_checkpoint(exp_dir, first, timeout=180)
+        first.send_signal(signal.SIGTERM)
+        output = first.communicate(timeout=90)[0]
+        assert first.returncode == 130, output[-3000:]
+        assert "run the same command again to resume" in output
+        assert not result_path.exists() and not (exp_dir / "done").exists()
+        stopped_at = checkpoint_steps(exp_dir)[-1]
+        assert 0 < stopped_at < BUDGET
+
+        # 2. the same command resumes from that checkpoint and finishes the cell
+        second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+        result = json.loads(result_path.read_text())
+        segments = result["segments"]
+        assert [s["resumed_from_env_steps"] for s in segments] == [0, stopped_at]
+        assert result["wall_s"] == pytest.approx(sum(s["end"] - s["start"] for s in segments), abs=0.1)
+        assert result["budget"] == BUDGET and result["env_steps"] >= BUDGET
+        assert result["final_episodes"] >= 1 and result["final_reward"] is not None
+        assert result["eval"]["episodes"] == 3 and "--deterministic" in result["eval"]["command"]
+        table = (out / "benchmarks.md").read_text()
+        row = next(line for line in table.splitlines() if line.startswith("| Hopper |"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[1] == f"`--save_every_sec=1`, **quick look: {SCALE:g} of the budget** ({BUDGET:,} env steps)"
+        assert cells[2].split(" (n=1)")[0] == module("benchmark").number(result["final_reward"])
+        assert cells[3] == f"{module('benchmark').number(result['eval']['reward'])} (n=1)"
+        assert cells[-2:] == ["2,383 ± 272", "2,410 ± 10"]  # CleanRL's and RL Zoo's Hopper
+        assert "| Walker2d | not run yet |" in table and "## atari-10m: 10,000,000 env steps" in table
+        assert (out / "benchmarks_mujoco-1m.png").stat().st_size > 5_000
+
+        # 3. run again: the finished cell is kept, no trainer starts
+        kept_mtime, log_size = result_path.stat().st_mtime_ns, (exp_dir / "log.txt").stat().st_size
+        third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert third.returncode == 0, (third.stdout + third.stderr)[-3000:]
+        assert "finished before, kept" in third.stdout and "python -m appo.train" not in third.stdout
+        assert result_path.stat().st_mtime_ns == kept_mtime and (exp_dir / "log.txt").stat().st_size == log_size
+    finally:
+        deadline = time.monotonic() + 10
+        while processes_mentioning(str(train_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = processes_mentioning(str(train_dir))
+        for process in left:
+            process.kill()
+    assert left == []
+    assert leaked_segments(before) == set()
+
+
+def record(seed: int, reward: float, evaluation: float, episodes: int = 100, extra: tuple = ()) -> dict:
+    return {"table": "mujoco-1m", "task": "Walker2d", "env": "Walker2d-v5", "seed": seed, "extra_flags": list(extra),
+            "steps_scale": 1.0, "budget": 1_000_000, "env_steps": 1_001_472, "final_reward": reward,
+            "final_episodes": episodes, "eval": {"episodes": 10, "reward": evaluation, "reward_std": 5.0},
+            "wall_s": 300.0, "env_steps_per_s": 3338.2, "commits": ["abc1234"], "date": "2026-11-26",
+            "machine": "AMD EPYC (AVX2), 2 CPUs"}
+
+
+def test_rows_pool_seeds_per_run_and_mark_short_windows():
+    benchmark = module("benchmark")
+    found = [record(0, 1000.0, 1100.0), record(1, 2000.0, 2100.0), record(0, 3000.0, 3100.0, episodes=40,
+                                                                             extra=("--gamma=0.99",))]
+    lines = benchmark.rows("mujoco-1m", found)
+    walker = [line for line in lines if line.startswith("| Walker2d |")]
+    assert walker == [
+        "| Walker2d | defaults | 1,500 ± 707 (n=2) | 1,600 ± 707 (n=2) | 5m00s | 3.34k | abc1234, 2026-11-26 | "
+        "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |",
+        "| Walker2d | `--gamma=0.99` | 3,000 (n=1) † | 3,100 (n=1) | 5m00s | 3.34k | abc1234, 2026-11-26 | "
+        "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |"]
+    assert "| Hopper | not run yet | - | - | - | - | - | - | 2,383 ± 272 | 2,410 ± 10 |" in lines
+    assert "Walker2d seed 0: 40" in benchmark.section("mujoco-1m", found, None)
+
+
+def test_a_segment_cut_off_hard_ends_at_the_runs_last_log_write(tmp_path):
+    benchmark = module("benchmark")
+    (tmp_path / "log.txt").write_text("last status line\n")
+    os.utime(tmp_path / "log.txt", (1_000_100.0, 1_000_100.0))
+    segments = [{"start": 999_000.0, "end": 999_500.0}, {"start": 1_000_000.0, "end": None}]
+    benchmark.close_cut_segment(segments, str(tmp_path))
+    assert segments[1] == {"start": 1_000_000.0, "end": 1_000_100.0, "cut": True}
+    assert segments[0] == {"start": 999_000.0, "end": 999_500.0}
