@@ -159,10 +159,14 @@ class Summary:
 def summaries(accumulator, emitted: int) -> list[Summary]:
     """SF's summaries with a return in them, after the first `emitted`."""
     accumulator.Reload()
-    if RETURN_TAG not in accumulator.Tags()["scalars"]:
+    tags = set(accumulator.Tags()["scalars"])
+    if RETURN_TAG not in tags:
         return []
-    fps_at = {event.step: event.value for event in accumulator.Scalars(FPS_TAG)}
-    length_at = {event.step: event.value for event in accumulator.Scalars(LENGTH_TAG)}
+
+    def by_step(tag: str) -> dict[int, float]:  # SF writes its tags one by one: a run read early may lack some
+        return {event.step: event.value for event in accumulator.Scalars(tag)} if tag in tags else {}
+
+    fps_at, length_at = by_step(FPS_TAG), by_step(LENGTH_TAG)
     return [Summary(event.wall_time, event.step, event.value, length_at.get(event.step, math.nan),
                     fps_at.get(event.step, math.nan))
             for event in accumulator.Scalars(RETURN_TAG)[emitted:]]
