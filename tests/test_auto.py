@@ -40,8 +40,7 @@ def test_images_train_each_sample_once_unless_told_otherwise():
     for name, value in auto.IMAGE_LEARNING.items():
         if name != "ppo_epochs":
             assert getattr(cfg, name) == value
-    assert any("--learning_rate=0.0005" in line and "--ppo_epochs" not in line and "image observations" in line
-               for line in lines)
+    assert any("--gamma=0.99" in line and "--ppo_epochs" not in line and "image observations" in line for line in lines)
     assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
 
 
@@ -197,5 +196,5 @@ def test_small_images_train_with_the_default_encoder(trainer, size):
     assert f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, smaller than" in result.stderr
     with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
-    assert (saved["ppo_epochs"], saved["learning_rate"]) == (1, 5e-4)
+    assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)
     assert last_mean_reward(result.stdout) > 12

@@ -8,7 +8,7 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
 
 - Encoder (`--encoder=auto`): mlp for vectors; nature_cnn for images, small_cnn when a side is under 36 pixels.
 - Images: a CNN's SGD on a CPU is the bottleneck, so every sample is trained on once, in minibatches of
-  --batch_size, at a lower learning rate and with Atari's usual exploration bonus (IMAGE_LEARNING).
+  --batch_size, at a lower learning rate and with Atari's usual discount and exploration bonus (IMAGE_LEARNING).
 - Continuous actions only (every part a Box): no entropy bonus (CONTINUOUS_LEARNING). The Gaussian's learned std
   does the exploring, and a bonus on it keeps the std wide, so returns plateau (images included).
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
@@ -54,7 +54,7 @@ FAST_SUB_ENV_S = 5e-6
 FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
 FAST_BATCHED_ENVS_PER_SPLIT = 32
 
-IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4,
+IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
                   "exploration_loss_coeff": 0.01}
 
 CONTINUOUS_LEARNING = {"exploration_loss_coeff": 0.0}

@@ -275,7 +275,7 @@ class Config:
     vtrace_rho: float = flag(1.0, LEARNING, "V-trace rho-bar: clip of importance weights in targets.")
     vtrace_c: float = flag(1.0, LEARNING, "V-trace c-bar: clip of the trace-cutting coefficients.")
     gae_lambda: float = flag(0.95, LEARNING, "GAE lambda (used when --with_vtrace=False).", valid="[0, 1]")
-    gamma: float = flag(0.99, LEARNING, "Discount factor of future rewards.", valid="(0, 1]")
+    gamma: float = flag(0.995, LEARNING, "Discount factor of future rewards.", valid="(0, 1]")
     normalize_advantage: bool = flag(True, LEARNING,
                                      "Normalise advantages to zero mean and unit std within each minibatch.")
     value_bootstrap: bool = flag(True, LEARNING,
