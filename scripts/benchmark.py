@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import glob
 import json
-import math
 import os
 import re
 import shlex
@@ -429,19 +428,10 @@ def section(table: str, found: list[dict], png: str | None) -> str:
 def curves(table: str, found: list[dict], train_dir: str, out: str) -> None:
     """One panel per task with finished cells: each run's curve (mean of seeds, range shaded; appo.plot's draw)
     and the published numbers as dashed lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from appo.config.cfg import ConfigError
-    from appo.tools.plot import draw
+    from appo.tools.plot import draw, panels
 
-    tasks = [env for env in TABLES[table].tasks if any(r["env"] == env for r in found)]
-    columns = min(3, len(tasks))
-    fig, axes = plt.subplots(math.ceil(len(tasks) / columns), columns, figsize=(5 * columns, 3.6 *
-                             math.ceil(len(tasks) / columns)), squeeze=False)
-    for ax, env in zip(axes.flat, tasks):
+    def draw_task(ax, env: str) -> None:
         try:
             draw(ax, [os.path.join(train_dir, table, r["experiment"]) for r in found if r["env"] == env])
         except ConfigError as exc:  # a run without summaries (moved, deleted): the table still has its numbers
@@ -454,11 +444,8 @@ def curves(table: str, found: list[dict], train_dir: str, out: str) -> None:
         ax.legend(fontsize=7)
         ax.set_title(short_name(env))
         ax.set_ylabel("mean return, last 100 episodes")
-    for ax in list(axes.flat)[len(tasks):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
+
+    panels([env for env in TABLES[table].tasks if any(r["env"] == env for r in found)], out, draw_task)
 
 
 def write_report(train_dir: str, out: str) -> str:

@@ -18,7 +18,6 @@ budget (a quick look, not the suite's numbers).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -102,28 +101,17 @@ def table(results: dict[str, list[Result]], budget_scale: float) -> str:
 
 
 def curves(results: dict[str, list[Result]], train_dir: str, out: str) -> None:
-    import matplotlib
+    from appo.tools.plot import draw, panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from appo.tools.plot import draw
-
-    columns = min(3, len(results))
-    rows = math.ceil(len(results) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, results):
+    def draw_task(ax, name: str) -> None:
         draw(ax, [os.path.join(train_dir, f"{name}_{seed}") for seed in range(len(results[name]))])
         threshold = TASKS[name].threshold
         if threshold is not None:
             ax.axhline(threshold, color="grey", linestyle="--", linewidth=1)
         ax.set_title(name)
         ax.set_ylabel("mean return")
-    for ax in list(axes.flat)[len(results):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
+
+    panels(list(results), out, draw_task)
 
 
 def main() -> None:

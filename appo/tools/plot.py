@@ -11,10 +11,13 @@ puts wall-clock time since each run's first summary on the x axis instead of env
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +96,26 @@ def plot(run_dirs: list[str], out: str, x: str = "env_steps", tag: str = "episod
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def panels(items: list, out: str, draw_panel: Callable[[Any, Any], None], columns: int = 3) -> None:
+    """A PNG of one panel per item, `columns` a row (the benchmark scripts' grids of tasks): `draw_panel(ax, item)`
+    fills each, the spare places of the last row stay empty."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(columns, len(items))
+    rows = math.ceil(len(items) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    for ax, item in zip(axes.flat, items):
+        draw_panel(ax, item)
+    for ax in list(axes.flat)[len(items):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
 
 
 def build_parser() -> argparse.ArgumentParser:
