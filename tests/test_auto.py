@@ -100,6 +100,20 @@ def test_continuous_actions_drop_the_entropy_bonus(action, bonus):
     assert cfg.exploration_loss_coeff == 0.02
 
 
+@pytest.mark.parametrize("action,separate", [("box", True), ("tuple", False), ("discrete", False)])
+def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separate):
+    """Vectors only (images keep one CNN); a given --actor_critic_share_weights wins."""
+    for obs, expected in ((VECTOR, separate), (IMAGE, False)):
+        cfg, lines = auto.apply(cfg_of(), set(), info(obs, action=action))
+        assert cfg.actor_critic_share_weights == (not expected)
+        assert any(line.startswith("auto: --actor_critic_share_weights=False (continuous actions on vectors")
+                   for line in lines) == expected
+    cfg, lines = auto.apply(cfg_of("--actor_critic_share_weights=True"), {"actor_critic_share_weights"},
+                            info(VECTOR, action=action))
+    assert cfg.actor_critic_share_weights
+    assert not any("actor_critic_share_weights" in line for line in lines)
+
+
 def test_a_given_encoder_is_not_announced():
     lines = auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR))[1]
     assert not any("encoder" in line for line in lines)
