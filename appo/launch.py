@@ -10,6 +10,7 @@ used. Torch-free: the runner forks the workers from this process.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -45,6 +46,7 @@ from appo.learning.checkpoint import (
 from appo.memory.buffers import Layout
 from appo.population.pbt import load_population
 from appo.preflight import check_extension, check_machine, check_platform
+from appo.run.stopping import Outcome
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
@@ -95,6 +97,7 @@ class TrainResult:
 def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult:
     """The whole program after parsing (`given`: the flags the user gave, which override a resumed run's): check,
     prepare the dir, train, summarise. The hooks registered with appo.hooks' decorators run, and `hooks` too."""
+    started = time.monotonic()
     kept = _KeptForLogFile()
     log.addHandler(kept)
     log.setLevel(logging.INFO)
@@ -121,15 +124,34 @@ def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult
 
     runner = Runner(cfg, info, exp_dir, initial_env_steps, registered_hooks + (hooks or Hooks()))
     outcome = runner.run()
+    stats = runner.reports.final_stats()
+    write_result(exp_dir, outcome, runner.reports.total_env_steps(), time.monotonic() - started, stats,
+                 runner.reports.numbers.best_rewards)
     if outcome.completed:
         done = os.path.join(exp_dir, "done")
         try:
             atomic_write_text(done, outcome.reason + "\n")
         except OSError as exc:  # the run is complete all the same: run again, it resumes and stops at once
             log.error("The run is complete, but its done marker is not written: %s", write_failure(done, exc))
-    return TrainResult(exp_dir, runner.reports.total_env_steps(), runner.reports.final_stats(),
-                       newest_checkpoints(exp_dir, cfg.num_policies), outcome.reason, outcome.completed,
-                       outcome.failed)
+    return TrainResult(exp_dir, runner.reports.total_env_steps(), stats, newest_checkpoints(exp_dir, cfg.num_policies),
+                       outcome.reason, outcome.completed, outcome.failed)
+
+
+def write_result(exp_dir: str, outcome: Outcome, env_steps: int, seconds: float, stats: dict[int, dict[str, float]],
+                 best_rewards: list[float | None]) -> None:
+    """`<exp_dir>/result.json`: how the run ended, in a form programs read (the sweeps of appo/sweep/ take their
+    objective from it) rather than the log's words. `seconds` is this run's (a resumed run's earlier sessions are not
+    counted); a reached target's `seconds` count from the process's start, as its stop line says."""
+    path = os.path.join(exp_dir, "result.json")
+    result = {"reason": outcome.reason, "completed": outcome.completed, "failed": outcome.failed,
+              "env_steps": env_steps, "seconds": round(seconds, 3),
+              "stats": {str(p): values for p, values in stats.items()},  # per policy, as TrainResult.stats
+              "best_rewards": {str(p): best for p, best in enumerate(best_rewards)},  # best full-window means
+              "target": None if outcome.target is None else dataclasses.asdict(outcome.target)}
+    try:
+        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    except OSError as exc:  # the run itself is over and said how it ended in the log
+        log.error("The run's result.json is not written: %s", write_failure(path, exc))
 
 
 def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], list[int]] | None:

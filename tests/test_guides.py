@@ -183,8 +183,39 @@ def check_enjoy_export(results, cwd):
     assert "torchscript agrees" in output_of(results, "python block", 1)
 
 
+def check_sweeps(results, cwd):
+    study_dir = os.path.join(cwd, "train_dir", "cartpole")
+    first = output_of(results, "python -m appo.sweep examples/sweeps/cartpole.yaml")
+    assert "New study cartpole" in first and "Study cartpole: " in first, first[-3000:]
+    best = output_of(results, "cat train_dir/cartpole/best_command.txt").strip()
+    assert best.startswith("python -m appo.train --env=CartPole-v1 --experiment=cartpole_best ") and best in first
+    continued = output_of(results, "python -m appo.sweep examples/sweeps/cartpole.yaml --trials 5")
+    assert "Continuing study cartpole" in continued and "4 of 5 trials finished" in continued, continued[-3000:]
+    finished = re.search(r"Study cartpole: (\d+) complete, (\d+) pruned", output_of(results, "python -m appo.sweep",
+                                                                                    2))
+    assert int(finished.group(1)) + int(finished.group(2)) == 5
+    for name in ("results.md", "history.png", "study.db"):
+        assert os.path.getsize(os.path.join(study_dir, name)) > 0
+
+
+def check_tracking(results, cwd):
+    first = output_of(results, "python -m appo.train --env=CartPole-v1 --experiment=tracked")
+    resumed = output_of(results, "python -m appo.train --env=CartPole-v1 --experiment=tracked", 1)
+    assert "Stopped: reached --train_for_env_steps=40000" in resumed, resumed[-3000:]
+    assert "tracking stops" not in first + resumed, (first + resumed)[-3000:]
+    summary = output_of(results, "python -m wandb leet inspect")
+    assert re.search(r"^state\s+finished", summary, re.M) and re.search(r"^\s+episode/reward\s", summary, re.M), summary
+    read_back = output_of(results, "python block")
+    steps = int(re.search(r"mlflow: run tracked FINISHED, episode/reward at \d+ points up to (\d+) env steps",
+                          read_back).group(1))
+    assert steps >= 40000 and re.search(r"jsonl: \d+ lines, episode/reward", read_back), read_back
+    assert re.search(r"mlflow artifacts: \['videos/policy0_v\d+\.mp4'\]", read_back), read_back
+    assert os.path.getsize(os.path.join(cwd, "train_dir", "tracked", "learning_curve.png")) > 0
+
+
 CHECKS = {"guide_custom_env.md": check_custom_env, "guide_custom_metrics.md": check_custom_metrics,
-          "guide_python_api.md": check_python_api, "guide_enjoy_export.md": check_enjoy_export}
+          "guide_python_api.md": check_python_api, "guide_enjoy_export.md": check_enjoy_export,
+          "guide_sweeps.md": check_sweeps, "guide_tracking.md": check_tracking}
 
 
 def test_every_guide_is_checked_and_linked_from_the_readme():

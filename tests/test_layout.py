@@ -13,7 +13,7 @@ ROOT = pathlib.Path(REPO)
 # Packages (or modules) the runner, the actors or a Ray node import: they must never load torch.
 TORCH_FREE = ["appo.config", "appo.memory", "appo.workers", "appo.sampling", "appo.population", "appo.run",
               "appo.messages", "appo.spaces", "appo.hooks", "appo.train", "appo.launch", "appo.preflight", "appo.envs",
-              "appo.utils"]
+              "appo.utils", "appo.tracking", "appo.sweep"]
 # The one module of a torch-free package that serves torch: inference runs the model.
 USES_TORCH = {"appo.sampling.inference_worker"}
 
@@ -43,12 +43,12 @@ def test_the_inference_worker_is_the_torch_user_of_sampling():
 
 
 # Lower layers never import higher ones: memory, config and the env helpers at the bottom; population (which reads the
-# flags and PBT's bounds) and workers (what a worker process is and is handed) on them; sampling and learning, whose
-# workers those are, above; the runner and the tools on top.
+# flags and PBT's bounds), workers (what a worker process is and is handed) and tracking (where the summaries go) on
+# them; sampling and learning, whose workers those are, above; the runner, the tools and sweeps on top.
 LAYERS = {"appo.memory": 0, "appo.config": 0, "appo.envs": 0, "appo.spaces": 0, "appo.messages": 0,
-          "appo.population": 1, "appo.workers": 1,
+          "appo.population": 1, "appo.workers": 1, "appo.tracking": 1,
           "appo.sampling": 2, "appo.learning": 2,
-          "appo.run": 3, "appo.tools": 3}
+          "appo.run": 3, "appo.tools": 3, "appo.sweep": 3}
 # Packages of one layer that stay apart, but for the listed modules: inference (a sampling module) runs the
 # learner's model; nothing in learning imports sampling.
 APART = [("appo.sampling", "appo.learning", USES_TORCH)]

@@ -290,7 +290,7 @@ def test_event_files_read_as_tensorboardx_writes_them(tmp_path):
     from tensorboardX.record_writer import masked_crc32c
     from tensorboardX.summary import text
 
-    from appo.run.reporting.event_file import EventFile
+    from appo.tracking.event_file import EventFile
 
     writer = EventFile(str(tmp_path / "summaries" / "0"))
     writer.add_scalar("perf/fps_10s", 1234.5, 0)

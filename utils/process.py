@@ -53,9 +53,21 @@ def die_with_parent(parent_pid: int, name: str) -> None:
         return
     import ctypes
 
-    pr_set_pdeathsig, pr_set_name = 1, 15
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    signal_on_parent_death(parent_pid, signal.SIGKILL)
+    pr_set_name = 15
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, ctypes.c_char_p(name.encode()[:15]))
+
+
+def signal_on_parent_death(parent_pid: int, signum: int) -> None:
+    """Ask Linux to send this process `signum` when the thread that started it ends (PR_SET_PDEATHSIG; the request
+    survives an exec, so a `preexec_fn` may make it for the program it starts), and exit at once if the parent is
+    gone already. SIGTERM lets a trainer stop its workers and free its shared memory (appo/sweep/); SIGKILL is for
+    workers, which have nothing of their own to clean. Elsewhere than on Linux this does nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signum)
     if os.getppid() != parent_pid:  # the parent died before the request was in place
         os._exit(1)
-    libc.prctl(pr_set_name, ctypes.c_char_p(name.encode()[:15]))

@@ -66,8 +66,40 @@ def check_each_flag(cfg: Any) -> None:
 
 
 def check_ray_installed(cfg: Any) -> None:
-    if cfg.backend == "ray" and importlib.util.find_spec("ray") is None:
+    if cfg.backend == "ray" and not installed("ray"):
         raise ConfigError('--backend=ray needs Ray, which is not installed: pip install -e ".[ray]"')
+
+
+# --with_<tracker> flags, the module each needs and the extra of pyproject.toml that installs it.
+TRACKER_PACKAGES = (("with_wandb", "wandb", "wandb"), ("with_mlflow", "mlflow", "mlflow"))
+WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be found, without importing it (wandb and mlflow take seconds to import)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it; a module set to None in sys.modules
+        return False
+
+
+def check_trackers_installed(cfg: Any) -> None:
+    for name, module, extra in TRACKER_PACKAGES:
+        if getattr(cfg, name) and not installed(module):
+            raise ConfigError(f'--{name} needs {module}, which is not installed: pip install -e ".[{extra}]"')
+
+
+def wandb_tags(cfg: Any) -> list[str]:
+    """--wandb_tags as a list: comma-separated on the command line; from Python a list, which arrives as its JSON."""
+    text = cfg.wandb_tags.strip()
+    try:
+        tags = json.loads(text) if text.startswith("[") else [tag.strip() for tag in text.split(",") if tag.strip()]
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--wandb_tags={cfg.wandb_tags}: not a JSON list ({exc}); separate tags by commas") from exc
+    if not all(isinstance(tag, str) and 0 < len(tag) <= WANDB_TAG_LENGTH for tag in tags):
+        raise ConfigError(f"--wandb_tags={cfg.wandb_tags}: each tag must be a string of 1 to {WANDB_TAG_LENGTH} "
+                          "characters")
+    return tags
 
 
 def check_serial_mode(cfg: Any) -> None:
@@ -195,7 +227,8 @@ def check_experiment_name(cfg: Any) -> None:
 CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inference_workers, check_splits, check_batch,
           check_recurrence, check_population, check_perturb_factors, check_self_play, check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
-          check_encoder, check_experiment_name)
+          check_encoder, check_experiment_name, check_trackers_installed,
+          wandb_tags)  # --wandb_tags parses to a list of tags
 
 
 def validate(cfg: Any) -> None:

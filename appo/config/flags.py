@@ -26,6 +26,7 @@ SELF_PLAY = "multi-agent envs and self-play"
 BENCHMARK = "benchmarking"
 STOPPING = "stopping, checkpoints and reporting"
 EVALUATION = "evaluation during training"
+TRACKING = "experiment tracking (docs/guide_tracking.md)"
 
 REQUIRED = object()  # the default of a flag that must be given (--env)
 ELO_OBJECTIVE = "elo"  # --pbt_target_objective that ranks by the ratings of games between policies
@@ -233,7 +234,7 @@ class Config:
                         "package.module:factory.")
     actor_critic_share_weights: bool = flag(True, MODEL,
                                             "One encoder (and core) for policy and value heads; False gives the critic "
-                                            "its own.")
+                                            "its own (auto: False for continuous actions on vector observations).")
     normalize_input: bool = flag(True, MODEL,
                                  "Normalise float observations by running mean/std (kept by the learner, used by "
                                  "inference); uint8 images are scaled to [0, 1] either way.")
@@ -434,6 +435,44 @@ class Config:
                                  "checkpoint_p<policy>/best.pth apart from the rolling checkpoints (higher is better): "
                                  "reward (the mean return), or an episode metric the env reports in "
                                  "info['episode_extra_stats'].")
+
+    # ---------------------------------------------------------------- experiment tracking
+    with_jsonl: bool = flag(False, TRACKING,
+                            "Also write every summary to <experiment>/metrics.jsonl: one JSON object a line per policy "
+                            "and write, {\"policy\", \"env_steps\", \"wall_time\", then each tensorboard tag and its "
+                            "value} (docs/guide_tracking.md). Needs nothing installed.")
+    with_wandb: bool = flag(False, TRACKING,
+                            "Also send the summaries, the config and, at the end, the learning curve to Weights & "
+                            "Biases (pip install -e \".[wandb]\"), from a thread of their own: a tracker that fails "
+                            "stops alone, training goes on. The run folder is <experiment>/wandb/; a resumed "
+                            "experiment continues the same W&B run (docs/guide_tracking.md).")
+    wandb_user: str | None = flag(None, TRACKING, "W&B entity (user or team) of the run; default: your default "
+                                  "entity.")
+    wandb_project: str = flag("appo", TRACKING, "W&B project of the run.")
+    wandb_group: str | None = flag(None, TRACKING, "W&B group of the run, e.g. to see the seeds of one setting "
+                                   "together.")
+    wandb_job_type: str | None = flag(None, TRACKING, "W&B job type of the run.")
+    wandb_tags: str = flag("", TRACKING,
+                           "W&B tags of the run, separated by commas (from Python, a list of strings).")
+    wandb_mode: str = flag("auto", TRACKING,
+                           "Where the W&B run goes: online to the W&B server as the run goes; offline into the run "
+                           "folder only, for 'wandb sync' later; auto: WANDB_MODE when set, else online when an API "
+                           "key is configured (WANDB_API_KEY or a netrc entry for the W&B host, as 'wandb login' "
+                           "writes), else offline.",
+                           choices=("auto", "online", "offline"))
+    with_mlflow: bool = flag(False, TRACKING,
+                             "Also send the summaries (at the env steps of each policy), the config (as params and as "
+                             "cfg.json) and, at the end, the learning curve to MLflow (pip install -e \".[mlflow]\"), "
+                             "from a thread of their own: a tracker that fails stops alone, training goes on. The run "
+                             "is named after --experiment; a resumed experiment continues the same MLflow run "
+                             "(docs/guide_tracking.md).")
+    mlflow_tracking_uri: str | None = flag(None, TRACKING,
+                                           "Where MLflow keeps the runs: a server (http://host:port) or a database. "
+                                           "Default: sqlite:///<train_dir>/mlflow.db, its artifacts in "
+                                           "<train_dir>/mlartifacts (mlflow ui --backend-store-uri shows them).")
+    mlflow_experiment: str | None = flag(None, TRACKING,
+                                         "MLflow experiment that holds the run; default: the name of the --train_dir "
+                                         "folder, so the experiments of one train_dir are runs side by side.")
 
 
 # Accepted on the command line only and never saved: Sample Factory's spelling of --restart.

@@ -148,9 +148,10 @@ class EvaluatorConfig(ModelFlags):
 
 @dataclass(frozen=True, kw_only=True)
 class RunnerConfig(RoleView):
-    """What the runner reads: the process graph it wires and supervises, when to stop, what to report and PBT's
-    schedule (appo/run/, appo/sampling/sampler_group.py). The runner also holds the whole `Config`, to hand it
-    to the workers it starts."""
+    """What the runner reads: the process graph it wires and supervises, when to stop, what to report (and to which
+    trackers) and PBT's schedule (appo/run/, appo/sampling/sampler_group.py). The runner also holds the whole
+    `Config`, to hand it to the workers it starts and to the trackers (appo/tracking/), which read their own flags
+    and keep all of them as the run's config."""
 
     env: str
     seed: int | None
@@ -192,6 +193,9 @@ class RunnerConfig(RoleView):
     report_interval: float
     experiment_summaries_interval: float
     stats_avg: int
+    with_jsonl: bool
+    with_wandb: bool
+    with_mlflow: bool
     eval_every_env_steps: int
     with_pbt: bool
     pbt_period_env_steps: int

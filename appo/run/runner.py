@@ -46,6 +46,7 @@ from appo.run.reporting import Reports
 from appo.run.serial import SerialSupervisor
 from appo.run.stopping import Outcome, budget_outcome, failed, stuck_outcome
 from appo.run.supervisor import Supervisor
+from appo.tracking import run_status
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log
 
@@ -66,7 +67,7 @@ class Runner:
         self.next_eval = [steps + cfg.eval_every_env_steps for steps in initial_env_steps]
         self.hooks = hooks or Hooks()
         self.hook_failure: str | None = None
-        self.reports = Reports(self.cfg, exp_dir, initial_env_steps, env.frames_per_step)
+        self.reports = Reports(cfg, exp_dir, initial_env_steps, env.frames_per_step)  # the trackers keep all of cfg
         # Who beats whom, when games have players of different acting ids (appo/population/ratings.py).
         self.ratings = Ratings.load(exp_dir) if env.num_agents > 1 and num_acting_ids(cfg) > 1 else None
         self.reports.ratings = self.ratings
@@ -83,6 +84,7 @@ class Runner:
         self.group = start_workers(self.ctx, self.env, self.supervisor,
                                    lambda p: None if self.pbt is None else self.pbt.hyperparams(p),
                                    bool(self.hooks.on_learner_iteration))
+        self.reports.start_tracking()  # threads only now that the workers are forked
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> Outcome:
@@ -99,7 +101,7 @@ class Runner:
             if self.cfg.benchmark:  # measured before shutdown, so teardown does not count
                 self.write_benchmark()
         finally:
-            self.shutdown()
+            self.shutdown(outcome)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
         self._log_final(outcome)
@@ -230,8 +232,9 @@ class Runner:
         return memory
 
     # ---------------------------------------------------------------- shutdown
-    def shutdown(self) -> None:
-        """Stop everyone (learners save a checkpoint), join with a deadline, free shared memory."""
+    def shutdown(self, outcome: Outcome) -> None:
+        """Stop everyone (learners save a checkpoint), join with a deadline, free shared memory; the last summaries,
+        and the trackers' runs end as the run did."""
         self.ctx.control.runner.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + SHUTDOWN_SECONDS, lambda: self._drain_reports(timeout=0.0))
         self._drain_reports(timeout=0.0)
@@ -240,7 +243,7 @@ class Runner:
         self.reports.write_summaries({})
         if self.ratings is not None:
             self.ratings.save(self.exp_dir)
-        self.reports.close()
+        self.reports.close(run_status(outcome.completed, outcome.failed))
 
     def write_benchmark(self) -> None:
         """Print the benchmark table and save it as benchmark.json."""

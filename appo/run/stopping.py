@@ -12,12 +12,26 @@ from appo.workers.roles import ACTOR, CLUSTER
 
 
 @dataclass
+class TargetReached:
+    """The moment a --target_reward or --target_objective was reached, for result.json (appo/launch.py) and the
+    sweeps' *_to_target objectives (appo/sweep/)."""
+
+    measure: str  # reward or objective
+    target: float
+    policy: int
+    mean: float  # the policy's mean over the last --stats_avg episodes
+    env_steps: int  # over all policies
+    seconds: float  # since the process started, as the stop line says
+
+
+@dataclass
 class Outcome:
     """Why the run stopped; `completed` runs get the `done` marker."""
 
-    reason: str
+    reason: str  # one line; scripts/time_to_solve.py reads a reached target's
     completed: bool
     failed: bool = False
+    target: TargetReached | None = None  # set when a target stopped the run
 
 
 def failed(reason: str) -> Outcome:
@@ -58,8 +72,10 @@ def budget_outcome(cfg, reports, elapsed: float) -> Outcome | None:
     for measure, target in (("reward", cfg.target_reward), ("objective", cfg.target_objective)):
         solved = None if target is None else reports.solved_policy(target, measure)
         if solved is not None:
-            launched = time.time() - psutil.Process().create_time()
+            reached = TargetReached(measure, target, solved[0], solved[1], reports.total_env_steps(),
+                                    time.time() - psutil.Process().create_time())
             return Outcome(  # one line (scripts/time_to_solve.py reads it) within 120 columns
-                f"target {measure} {target:g} reached by p{solved[0]} (mean {solved[1]:.2f} of {cfg.stats_avg}) "
-                f"at {launched:.1f} s, {reports.total_env_steps()} env steps", completed=True)
+                f"target {measure} {target:g} reached by p{reached.policy} (mean {reached.mean:.2f} of "
+                f"{cfg.stats_avg}) at {reached.seconds:.1f} s, {reached.env_steps} env steps", completed=True,
+                target=reached)
     return None

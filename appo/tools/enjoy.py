@@ -6,7 +6,8 @@ Loads the newest intact checkpoint (or `--checkpoint`) with the run's `cfg.json`
 episodes and prints the mean and std of the return and length. `--save_video` writes an mp4 of the env's
 `render_mode="rgb_array"` frames (Atari: the full-resolution screen, not the 84x84 input), or of every frame the
 env renders when it offers `"rgb_array_list"` (Doom: each tic of a frame-skipped step, at 35 frames a second), or
-of the observations when the env renders none but observes images. Multi-agent envs are played with every agent
+of the observations when the env renders none but observes images; an experiment trained with a tracker on
+(--with_wandb, --with_mlflow) gets the video in its tracker run too. Multi-agent envs are played with every agent
 on the chosen `--policy`; an episode's return is the mean over its agents.
 """
 
@@ -32,6 +33,7 @@ from appo.learning.trained_policy import (
     policy_source,
     summarise,
 )
+from appo.tracking import send_file
 from appo.utils.logs import log, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
 
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if recorder is not None:
         width, height = recorder.size
         print(f"video: {recorder.path} ({recorder.frames} frames of {width}x{height})", flush=True)
+        send_file(policy.cfg, policy.exp_dir, recorder.path, "videos")  # to the tracker runs the experiment has
     return 0 if episodes else 1
 
 

@@ -30,6 +30,12 @@ X_LABELS = {"env_steps": "env steps (of the policy)", "seconds": "wall-clock tim
 
 def read_curve(run_dir: str, tag: str, policy: int, x: str) -> tuple[np.ndarray, np.ndarray]:
     """(x values, tag values) of one run, sorted by x."""
+    return curve(summaries_reader(run_dir, policy), run_dir, tag, x)
+
+
+def summaries_reader(run_dir: str, policy: int) -> Any:
+    """A tensorboard reader of one policy's summaries, loaded; its `Reload()` reads only what was written since, so
+    a sweep follows a running trial with one (appo/sweep/trial.py)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     summaries = os.path.join(run_dir, "summaries", str(policy))
@@ -37,6 +43,11 @@ def read_curve(run_dir: str, tag: str, policy: int, x: str) -> tuple[np.ndarray,
         raise ConfigError(f"{run_dir}: no tensorboard summaries of policy {policy} ({summaries} is missing)")
     accumulator = EventAccumulator(summaries, size_guidance={"scalars": 0})  # 0: keep every point
     accumulator.Reload()
+    return accumulator
+
+
+def curve(accumulator: Any, run_dir: str, tag: str, x: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x values, tag values) of a loaded `summaries_reader`, sorted by x."""
     if tag not in accumulator.Tags()["scalars"]:
         raise ConfigError(f"{run_dir}: no scalar {tag!r}; it has {sorted(accumulator.Tags()['scalars'])}")
     events = accumulator.Scalars(tag)

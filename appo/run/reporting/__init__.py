@@ -5,7 +5,8 @@
 - numbers.py: derived numbers. FPS and samples per second, progress and ETA, episode means, the best reward, a
   solved policy, PBT's objective.
 - text.py (with formatting.py): the status printed every --report_interval and the summary at the end.
-- summaries.py (with event_file.py): tensorboard, one event file per policy, made on first use.
+- summaries.py: each policy's scalars as one batch per write, handed to the Recorder of appo/tracking/ (tensorboard,
+  and the JSONL file, W&B and MLflow when they are on); the learning curve drawn from them at the end.
 - benchmark.py: the benchmark's summary, its table and the diagnosis of what limits throughput.
 - reports.py: `Reports`, the one object the runner holds, which composes the others.
 """

@@ -1,8 +1,9 @@
 """The runner's one handle on reporting: `Reports` composes the intake, the derived numbers, the text, the
-tensorboard writers and the benchmark summary."""
+summaries (with the Recorder of appo/tracking/: tensorboard and the trackers) and the benchmark summary."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,9 +14,10 @@ from appo.config.views import RunnerConfig
 from appo.messages import ActorReport, ClusterReport, Evaluation, InferenceReport, LearnerReport
 from appo.run.reporting.benchmark import benchmark_summary
 from appo.run.reporting.numbers import Numbers
-from appo.run.reporting.summaries import SummaryWriters
+from appo.run.reporting.summaries import SummaryWriters, learning_curve
 from appo.run.reporting.tally import Clock, Tally
 from appo.run.reporting.text import StatusText
+from appo.tracking import FINISHED, open_recorder
 
 if TYPE_CHECKING:
     from appo.config.flags import Config
@@ -23,17 +25,19 @@ if TYPE_CHECKING:
 
 class Reports:
     """What the runner calls: the `on_*` intake of the workers' typed reports, `tick` every loop, the printed status
-    and summary, the tensorboard summaries, the numbers its stop rules and PBT read, and the benchmark summary.
-    Owns a Tally (intake), its Numbers (derived), a StatusText (printed) and SummaryWriters (tensorboard, the only
-    thing it writes: under <exp_dir>/summaries/). `clock` is time.monotonic, or a test's fake clock."""
+    and summary, the summaries, the numbers its stop rules and PBT read, and the benchmark summary. Owns a Tally
+    (intake), its Numbers (derived), a StatusText (printed), SummaryWriters (the summaries) and the Recorder they go
+    to (tensorboard under <exp_dir>/summaries/, the JSONL file and the trackers the flags turn on). `cfg`: the run's
+    whole Config, which the trackers keep as the run's config. `clock` is time.monotonic, or a test's fake clock."""
 
-    def __init__(self, cfg: Config | RunnerConfig, exp_dir: str, initial_env_steps: Sequence[int],
+    def __init__(self, cfg: Config, exp_dir: str, initial_env_steps: Sequence[int],
                  frames_per_step: int = 1, clock: Clock = time.monotonic) -> None:
-        self.cfg = RunnerConfig.of(cfg)
+        self.cfg, self.exp_dir = RunnerConfig.of(cfg), exp_dir
         self.tally = Tally(self.cfg, initial_env_steps, clock)
         self.numbers = Numbers(self.tally, self.cfg, frames_per_step)
         self.text = StatusText(self.tally, self.numbers, self.cfg)
-        self.summaries = SummaryWriters(self.tally, self.numbers, self.cfg, exp_dir)
+        self.recorder = open_recorder(cfg, exp_dir, dataclasses.asdict(cfg))
+        self.summaries = SummaryWriters(self.tally, self.numbers, self.cfg, self.recorder)
 
     # ---------------------------------------------------------------- intake
     def on_actor(self, report: ActorReport) -> None:
@@ -153,5 +157,15 @@ class Reports:
     def benchmark_summary(self, env_name: str) -> dict[str, Any]:
         return benchmark_summary(self.tally, self.numbers, self.cfg, env_name)
 
-    def close(self) -> None:
-        self.summaries.close()
+    def start_tracking(self) -> None:
+        """Start the trackers' threads; the runner calls it once its workers are forked."""
+        self.recorder.start()
+
+    def close(self, status: str = FINISHED) -> None:
+        """The end of the run (`status`: appo.tracking.run_status of its outcome): with a tracker on, the learning
+        curve goes to it; then every writer closes, the trackers within appo.tracking.CLOSE_SECONDS."""
+        if self.recorder.tracking:
+            curve = learning_curve(self.exp_dir, self.cfg.num_policies)
+            if curve is not None:
+                self.recorder.artifact(curve, "plots")
+        self.recorder.close(status)

@@ -1,146 +1,125 @@
-"""Tensorboard summaries, one event file per policy under <experiment>/summaries/<policy>/."""
+"""The run's summaries, each policy's scalars at its env steps, handed to the Recorder (appo/tracking/): tensorboard
+under <experiment>/summaries/<policy>/, and the trackers that are on; and the learning curve drawn from them."""
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable
-from typing import Any
 
+from appo.config.checks import installed
 from appo.config.views import RunnerConfig
 from appo.messages import Evaluation
-from appo.run.reporting.event_file import EventFile
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
+from appo.tracking import Recorder
+from appo.tracking.writer import one_line
 from appo.utils.logs import log
-from appo.utils.resources import write_failure
-
-
-def guarded(write: Callable) -> Callable:
-    """A summary write that may fail (a full disk, a read-only filesystem): the first failure is said in one line
-    and summaries stop, so the run goes on without them."""
-
-    @functools.wraps(write)
-    def wrapper(self: SummaryWriters, *args: Any) -> None:
-        if self.failed:
-            return
-        try:
-            write(self, *args)
-        except OSError as exc:
-            self.fail(exc)
-
-    return wrapper
 
 
 class SummaryWriters:
-    """Writes a Tally and its Numbers to tensorboard: perf/, episode/, episode_extra/, learner/, lag/, memory/,
-    faults/ and, in their runs, cluster/, pbt/, selfplay/ and eval/, each at the policy's env steps. The event files
-    are made on first use (event_file.py: no torch in the runner). Owns them; reads everything else."""
+    """Turns a Tally and its Numbers into summaries: perf/, episode/, episode_extra/, learner/, lag/, memory/, faults/
+    and, in their runs, cluster/, pbt/, selfplay/ and eval/, each at the policy's env steps. Each write builds one
+    dict of a policy's scalars and hands it to the Recorder (appo/tracking/), which keeps it in tensorboard and in
+    the trackers that are on. Reads everything; owns nothing."""
 
-    def __init__(self, tally: Tally, numbers: Numbers, cfg: RunnerConfig, exp_dir: str) -> None:
-        self.tally, self.numbers, self.cfg, self.exp_dir = tally, numbers, cfg, exp_dir
-        self._writers: list[EventFile] | None = None
-        self.failed = False  # a write failed: no more summaries this run
+    def __init__(self, tally: Tally, numbers: Numbers, cfg: RunnerConfig, recorder: Recorder) -> None:
+        self.tally, self.numbers, self.cfg, self.recorder = tally, numbers, cfg, recorder
 
-    @property
-    def writers(self) -> list[EventFile]:
-        if self._writers is None:
-            self._writers = [EventFile(os.path.join(self.exp_dir, "summaries", str(p)))
-                             for p in range(self.cfg.num_policies)]
-        return self._writers
-
-    def fail(self, error: OSError) -> None:
-        """Summaries stop, said once in one line."""
-        if not self.failed:
-            self.failed = True
-            log.error("tensorboard summaries stop: %s", write_failure(os.path.join(self.exp_dir, "summaries"), error))
-
-    @guarded
     def write(self, memory_mb: dict[str, float]) -> None:
         """Everything, for every policy; run-wide counts go with the first policy."""
-        for p, writer in enumerate(self.writers):
-            step = self.tally.env_steps[p]
-            self._write_policy(p, writer, step)
-            for name, mb in memory_mb.items():
-                writer.add_scalar(f"memory/{name}_mb", mb, step)
+        for p in range(self.cfg.num_policies):
+            values = self._policy_values(p)
+            values.update((f"memory/{name}_mb", mb) for name, mb in memory_mb.items())
             if p == 0:
-                self._write_run(writer, step)
+                values.update(self._run_values())
             if self.tally.hyperparams is not None:
-                self.write_pbt(p)
+                values.update(self._pbt_values(p))
             if self.tally.ratings is not None:
-                self.write_ratings(p)
+                values.update(self._rating_values(p))
+            self.recorder.scalars(p, self.tally.env_steps[p], values)
+            if p == 0 and self.tally.ratings is not None and "p0" in self.tally.ratings.elo:
+                self.recorder.text(0, self.tally.env_steps[0], "selfplay/table",
+                                   "\n\n".join(self.tally.ratings.table()))
 
-    def _write_policy(self, p: int, writer: EventFile, step: int) -> None:
+    def _policy_values(self, p: int) -> dict[str, float]:
         policy, numbers = self.tally.policies[p], self.numbers
-        writer.add_scalar("perf/fps_10s", numbers.fps(10), step)
-        writer.add_scalar("perf/fps_60s", numbers.fps(60), step)
-        writer.add_scalar("perf/samples_per_s", numbers.sample_throughput(p), step)
-        writer.add_scalar("perf/policy_version", policy.version, step)
-        writer.add_scalar("perf/dropped_trajectories", policy.dropped, step)
+        values = {"perf/fps_10s": numbers.fps(10), "perf/fps_60s": numbers.fps(60),
+                  "perf/samples_per_s": numbers.sample_throughput(p), "perf/policy_version": policy.version,
+                  "perf/dropped_trajectories": policy.dropped}
         episode = numbers.mean_episode(p)
         if episode is not None:
-            writer.add_scalar("episode/reward", episode[0], step)
-            writer.add_scalar("episode/length", episode[1], step)
-        for name, value in numbers.extra_means(p).items():
-            writer.add_scalar(f"episode_extra/{name}", value, step)
-        for key, value in policy.stats.items():
-            group = "lag" if key.startswith("lag") else "learner"
-            writer.add_scalar(f"{group}/{key}", value, step)
-        writer.add_scalar("faults/skipped_updates", policy.skipped_updates, step)
+            values["episode/reward"], values["episode/length"] = episode
+        values.update((f"episode_extra/{name}", value) for name, value in numbers.extra_means(p).items())
+        values.update((f"{'lag' if key.startswith('lag') else 'learner'}/{key}", value)
+                      for key, value in policy.stats.items())
+        values["faults/skipped_updates"] = policy.skipped_updates
+        return values
 
-    def _write_run(self, writer: EventFile, step: int) -> None:
+    def _run_values(self) -> dict[str, float]:
         """The run-wide faults and, with --backend=ray, the cluster's rates."""
         tally = self.tally
-        writer.add_scalar("faults/env_errors", tally.env_errors, step)
-        writer.add_scalar("faults/nonfinite_values", tally.nonfinite_values, step)
         restarts = tally.restart_counts()
-        for role in ("actor", "inference", "learner"):
-            writer.add_scalar(f"faults/restarts_{role}", restarts.get(role, 0), step)
+        values = {"faults/env_errors": tally.env_errors, "faults/nonfinite_values": tally.nonfinite_values,
+                  **{f"faults/restarts_{role}": restarts.get(role, 0) for role in ("actor", "inference", "learner")}}
         cluster = tally.cluster
         if cluster.report is None:
-            return
-        for group in cluster.groups():
-            writer.add_scalar(f"cluster/{group['name']}_fps", cluster.group_fps(group), step)
+            return values
+        values.update((f"cluster/{group['name']}_fps", cluster.group_fps(group)) for group in cluster.groups())
         trajectories, weights, busy = cluster.latest.per_second()
-        writer.add_scalar("cluster/trajectory_bytes_per_s", trajectories, step)
-        writer.add_scalar("cluster/weights_bytes_per_s", weights, step)
-        writer.add_scalar("cluster/head_busy", busy, step)
-        writer.add_scalar("faults/sampler_groups_replaced", restarts.get("sampler group", 0), step)
+        values.update({"cluster/trajectory_bytes_per_s": trajectories, "cluster/weights_bytes_per_s": weights,
+                       "cluster/head_busy": busy,
+                       "faults/sampler_groups_replaced": restarts.get("sampler group", 0)})
+        return values
 
-    @guarded
     def write_evaluation(self, report: Evaluation) -> None:
         """All of an evaluation's results, under eval/, at the env steps it was taken at."""
-        for name, value in report.results.items():
-            self.writers[report.policy].add_scalar(f"eval/{name}", value, report.env_steps)
+        self.recorder.scalars(report.policy, report.env_steps,
+                              {f"eval/{name}": value for name, value in report.results.items()})
 
-    @guarded
     def write_pbt(self, policy: int) -> None:
-        """The policy's current hyper-parameters and objective, under pbt/."""
-        writer, step = self.writers[policy], self.tally.env_steps[policy]
-        for name, value in self.tally.hyperparams[policy].items():
-            writer.add_scalar(f"pbt/{name}", value, step)
+        """The policy's current hyper-parameters and objective, under pbt/ (after a PBT decision)."""
+        self.recorder.scalars(policy, self.tally.env_steps[policy], self._pbt_values(policy))
+
+    def _pbt_values(self, policy: int) -> dict[str, float]:
+        values = {f"pbt/{name}": value for name, value in self.tally.hyperparams[policy].items()}
         objective = self.numbers.mean_objective(policy)
         if objective is not None:
-            writer.add_scalar("pbt/objective", objective, step)
+            values["pbt/objective"] = objective
+        return values
 
-    @guarded
-    def write_ratings(self, policy: int) -> None:
-        """The policy's Elo and its win/draw/loss rates against snapshots and other policies, under selfplay/; the
-        whole table of pairs as text."""
-        writer, step, ratings = self.writers[policy], self.tally.env_steps[policy], self.tally.ratings
-        name = f"p{policy}"
+    def _rating_values(self, policy: int) -> dict[str, float]:
+        """The policy's Elo and its win/draw/loss rates against snapshots and other policies, under selfplay/."""
+        ratings, name = self.tally.ratings, f"p{policy}"
         if name not in ratings.elo:
-            return
-        writer.add_scalar("selfplay/elo", ratings.elo[name], step)
+            return {}
+        values = {"selfplay/elo": ratings.elo[name]}
         for label, snapshots in (("snapshots", True), ("policies", False)):
             record = ratings.against(name, snapshots)
             if record.games:
-                for outcome, rate in zip(("win", "draw", "loss"), record.rates()):
-                    writer.add_scalar(f"selfplay/{outcome}_rate_vs_{label}", rate, step)
-        if policy == 0:
-            writer.add_text("selfplay/table", "\n\n".join(ratings.table()), step)
+                values.update((f"selfplay/{outcome}_rate_vs_{label}", rate)
+                              for outcome, rate in zip(("win", "draw", "loss"), record.rates()))
+        return values
 
-    @guarded
-    def close(self) -> None:
-        for writer in self._writers or []:
-            writer.close()
+
+def learning_curve(exp_dir: str, num_policies: int) -> str | None:
+    """<exp_dir>/learning_curve.png: episode/reward over env steps, drawn from the run's own tensorboard summaries by
+    appo.tools.plot (a panel per policy); None, said in one line, when it cannot be drawn (no matplotlib, no finished
+    episode yet)."""
+    if not installed("matplotlib"):
+        log.info('The learning curve is not drawn: matplotlib is not installed (pip install -e ".[plot]")')
+        return None
+    from appo.tools.plot import draw, panels, plot
+
+    def draw_policy(ax, policy: int) -> None:
+        draw(ax, [exp_dir], policy=policy)
+        ax.set_title(f"policy {policy}: episode/reward")
+
+    path = os.path.join(exp_dir, "learning_curve.png")
+    try:
+        if num_policies == 1:
+            plot([exp_dir], path, title=f"{os.path.basename(exp_dir)}: episode/reward")
+        else:
+            panels(list(range(num_policies)), path, draw_policy)
+    except Exception as exc:  # a curve is a nicety: the run's end goes on
+        log.info("The learning curve is not drawn: %s", one_line(exc))
+        return None
+    return path

@@ -23,6 +23,11 @@ from tensorboard.util.tensor_util import make_tensor_proto
 INVALID_TAG_CHARACTERS = re.compile(r"[^-/\w.]")  # replaced by "_", as tensorboardX does
 
 
+def tensorboard_tag(tag: str) -> str:
+    """The tag as tensorboard keeps it: characters it does not take become "_", no leading "/"."""
+    return INVALID_TAG_CHARACTERS.sub("_", tag).lstrip("/")
+
+
 class EventFile:
     """One event file in `directory` (made if missing), named as tensorboard names them:
     events.out.tfevents.<seconds>.<host>."""
@@ -35,9 +40,8 @@ class EventFile:
         self._write(Event(file_version="brain.Event:2"))  # every event file starts with it
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        """`value` under `tag` (characters tensorboard does not take become "_"); float32 as tensorboard keeps it."""
-        tag = INVALID_TAG_CHARACTERS.sub("_", tag).lstrip("/")
-        self._write_summary(Summary.Value(tag=tag, simple_value=float(value)), step)
+        """`value` under `tag` (`tensorboard_tag`); float32 as tensorboard keeps it."""
+        self._write_summary(Summary.Value(tag=tensorboard_tag(tag), simple_value=float(value)), step)
 
     def add_text(self, tag: str, text: str, step: int) -> None:
         """A string for tensorboard's text plugin, under `<tag>/text_summary` (tensorboardX's tag)."""
