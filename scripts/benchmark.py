@@ -21,11 +21,12 @@ the trainer to its exit, start-up included; a segment cut off by SIGKILL or a po
 the run's log.txt).
 
 For each cell: the mean return of the last 100 training episodes at the budget (CleanRL's measure: the trainer's
-final status, whose mean is over `--stats_avg` episodes of the last session), a deterministic evaluation of the
-final checkpoint with `python -m appo.enjoy --deterministic` (Sample Factory's and RL Zoo's measure), env steps,
-wall time, env steps/s, the machine, the date and the commit. docs/benchmarks.md has a section per table, written
-again after every cell from all finished cells under --train_dir, with the published numbers (PUBLISHED, with their
-sources) beside them; docs/benchmarks_<table>.png has a panel of learning curves per task.
+final status, whose mean is over the run's last `--stats_avg` episodes, a resumed session's included: the trainer
+keeps them in episodes.json), a deterministic evaluation of the final checkpoint with `python -m appo.enjoy
+--deterministic` (Sample Factory's and RL Zoo's measure), env steps, wall time, env steps/s, the machine, the date
+and the commit. docs/benchmarks.md has a section per table, written again after every cell from all finished cells
+under --train_dir, with the published numbers (PUBLISHED, with their sources) beside them;
+docs/benchmarks_<table>.png has a panel of learning curves per task.
 """
 
 from __future__ import annotations
@@ -417,8 +418,8 @@ def section(table: str, found: list[dict], png: str | None) -> str:
         text.append(f"- {p.name}: {p.measure}. Source: {p.source}.")
     short = [r for r in found if (r["final_episodes"] or 0) < STATS_AVG]
     if short:
-        text.append("- †: fewer than 100 episodes in a seed's final mean (the trainer's episode window starts empty in "
-                    "each session: a run resumed close to its budget, or a short one, averages fewer; "
+        text.append("- †: fewer than 100 episodes in a seed's final mean (a short run, or one resumed by a trainer "
+                    "from before episodes.json, whose episode window started empty in each session; "
                     + ", ".join(f"{r['task']} seed {r['seed']}: {r['final_episodes'] or 0}" for r in short) + ").")
     if png:
         text += ["", f"![learning curves, {table}]({os.path.basename(png)})"]

@@ -313,3 +313,27 @@ def test_event_files_read_as_tensorboardx_writes_them(tmp_path):
         (0, "perf/fps_10s", 1234.5), (2**40, "episode_extra/goal_rate", float("inf"))]
     made_by_tensorboardx = text("selfplay/table", "p0 vs p1: 3 wins\n\nüber").value[0]
     assert values[2][0] == 7 and values[2][1].SerializeToString() == made_by_tensorboardx.SerializeToString()
+
+
+def test_a_resumed_run_starts_with_the_last_episodes_of_the_run_before(tmp_path, caplog):
+    """episodes.json: written with the summaries, read back by a resumed run's Reports (not by a new run's); the
+    window keeps its newest --stats_avg; a damaged file is said and restores nothing."""
+    before, _ = make_reports(tmp_path, "--stats_avg=4")
+    before.on_actor(episodes(0, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    before.on_actor(episodes(1, [10.0]))
+    before.write_summaries({})
+    before.close()
+    cfg = parse_config(["--env=CartPole-v1", "--num_workers=1", "--num_policies=2", "--stats_avg=4"])
+    assert Reports(cfg, str(tmp_path), [0, 0], clock=FakeClock()).final_stats() == {}  # a new run: none
+    resumed = Reports(cfg, str(tmp_path), [600, 10], clock=FakeClock())
+    stats = resumed.final_stats()
+    assert (stats[0]["reward"], stats[0]["episodes"], stats[1]["reward"]) == (4.5, 4, 10.0)
+    assert resumed.tally.policies[0].episodes.total == 6
+    resumed.on_actor(episodes(0, [7.0]))
+    assert resumed.final_stats()[0]["reward"] == 5.5  # 4, 5, 6, 7
+    resumed.close()
+    (tmp_path / "episodes.json").write_text("{not json")
+    damaged = Reports(cfg, str(tmp_path), [600, 10], clock=FakeClock())
+    assert damaged.final_stats() == {}
+    assert "episodes.json is damaged" in caplog.text
+    damaged.close()

@@ -13,11 +13,14 @@ import numpy as np
 from appo.config.views import RunnerConfig
 from appo.messages import ActorReport, ClusterReport, Evaluation, InferenceReport, LearnerReport
 from appo.run.reporting.benchmark import benchmark_summary
+from appo.run.reporting.episode_record import restore_windows, save_windows
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.summaries import SummaryWriters, learning_curve
 from appo.run.reporting.tally import Clock, Tally
 from appo.run.reporting.text import StatusText
 from appo.tracking import FINISHED, open_recorder
+from appo.utils.logs import log
+from appo.utils.resources import write_failure
 
 if TYPE_CHECKING:
     from appo.config.flags import Config
@@ -38,6 +41,12 @@ class Reports:
         self.text = StatusText(self.tally, self.numbers, self.cfg)
         self.recorder = open_recorder(cfg, exp_dir, dataclasses.asdict(cfg))
         self.summaries = SummaryWriters(self.tally, self.numbers, self.cfg, self.recorder)
+        self.episodes_saved = True  # False once a save failed: said once
+        if any(initial_env_steps):  # resumed: the last episodes of the run before count towards the means
+            restored = restore_windows(exp_dir, [policy.episodes for policy in self.tally.policies])
+            if restored:
+                log.info("Restored the last %d episodes of the resumed run (the means over --stats_avg=%d)",
+                         restored, self.cfg.stats_avg)
 
     # ---------------------------------------------------------------- intake
     def on_actor(self, report: ActorReport) -> None:
@@ -149,7 +158,14 @@ class Reports:
         self.tally.on_memory(memory_mb)
 
     def write_summaries(self, memory_mb: dict[str, float]) -> None:
+        """The summaries, and the episode windows a resumed run starts with (episode_record.py)."""
         self.summaries.write(memory_mb)
+        try:
+            save_windows(self.exp_dir, [policy.episodes for policy in self.tally.policies])
+        except OSError as exc:
+            if self.episodes_saved:
+                log.error("The last episodes are not saved for a resume: %s", write_failure(self.exp_dir, exc))
+            self.episodes_saved = False
 
     def write_pbt_summaries(self, policy: int) -> None:
         self.summaries.write_pbt(policy)
