@@ -58,6 +58,18 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
+def wait_for(condition, seconds: float, what: str):
+    """`condition()` once it is truthy, polled until `seconds` pass (then the test fails naming `what`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {seconds} s")
+        time.sleep(0.1)
+
+
 class Trainer:
     """Runs `python -m appo.train` in a private train_dir and checks it leaves nothing behind."""
 

@@ -9,7 +9,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import time
 
 import optuna
 import pytest
@@ -19,7 +18,7 @@ from optuna.trial import TrialState
 from appo.sweep.cli import main
 from appo.sweep.objectives import OBJECTIVES, TrialFailure
 from appo.sweep.space import load_sweep
-from tests.conftest import REPO, processes_mentioning, shm_entries
+from tests.conftest import REPO, processes_mentioning, shm_entries, wait_for
 from tests.test_guides import leaked_segments
 
 # A small CartPole trainer: one actor of 4 envs, summaries twice a second so the pruner sees each checkpoint.
@@ -44,13 +43,6 @@ def run_sweep(path: str, train_dir: str, *args: str, timeout: float) -> subproce
 
 def load(train_dir: str, study: str) -> optuna.Study:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{train_dir}/{study}/study.db")
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.1)
 
 
 def assert_nothing_left(train_dir: str, shm_before: set[str]) -> None:

@@ -29,7 +29,7 @@ from appo.tracking import KILLED, Recorder, Writer, open_recorder, run_status
 from appo.tracking.background import Background
 from appo.tracking.local import JsonlWriter, TensorboardWriter
 from appo.tracking.wandb_writer import wandb_mode
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 RUN = ["--env=CartPole-v1", "--num_workers=1", "--num_envs_per_worker=4", "--experiment_summaries_interval=0.5",
        "--device=cpu"]
@@ -131,18 +131,6 @@ def wandb_services(pid: int) -> list[psutil.Process]:
                 == [str(pid)]:
             found.append(proc)
     return found
-
-
-def wait_for(condition, seconds: float, what: str):
-    """`condition()` once it is truthy, polled until `seconds` pass."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {seconds} s")
-        time.sleep(0.2)
 
 
 def train(trainer, *args: str, log_path: str, seconds: float = TRAIN_S) -> tuple[str, int, int]:
