@@ -9,6 +9,7 @@ forks the workers from this process; the model is built only in a short-lived ch
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import platform
@@ -28,6 +29,7 @@ def check_machine(cfg: Config, info: EnvInfo) -> None:
     """Everything the run needs of this machine, once the flags and the env are known."""
     check_train_dir(cfg.train_dir)
     check_device_visible(cfg.device)
+    check_learner_ranks(cfg)
     check_room(cfg, info)
     if cfg.backend == "ray":
         check_ray_address(cfg.ray_address)
@@ -69,6 +71,30 @@ def check_device_visible(device: str) -> None:
     if index >= count:
         raise ConfigError(f"--device={device}: this machine has {count} CUDA device(s) visible to torch; use "
                           f"{'--device=cuda:0 to cuda:' + str(count - 1) + ', ' if count else ''}--device=cpu or auto")
+
+
+def check_learner_ranks(cfg: Config) -> None:
+    """--learner_processes_per_policy > 1: one GPU per rank on CUDA, and each policy's rendezvous port free on this
+    host (a port on another host is that host's business)."""
+    ranks = cfg.learner_processes_per_policy
+    if ranks == 1:
+        return
+    count = cuda_device_count() if cfg.device != "cpu" else 0
+    if (cfg.device.startswith("cuda") or (cfg.device == "auto" and count)) and ranks > count:
+        raise ConfigError(f"--learner_processes_per_policy={ranks}: each rank on CUDA needs a GPU of its own and "
+                          f"{count} are visible; use at most {count}, or --device=cpu")
+    for policy in range(cfg.num_policies):
+        port = cfg.learner_master_port + policy
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous does: a listener counts
+            try:
+                probe.bind((cfg.learner_master_addr, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:  # not an address of this host: rank 0 listens elsewhere
+                    return
+                raise ConfigError(f"--learner_master_port={cfg.learner_master_port}: port {port} of "
+                                  f"{cfg.learner_master_addr}, where policy {policy}'s learner ranks meet, is taken "
+                                  f"({exc.strerror}); choose another port") from exc
 
 
 def check_room(cfg: Config, info: EnvInfo) -> None:

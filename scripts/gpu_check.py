@@ -9,6 +9,8 @@ With CUDA it runs, each under its own time limit and all within --budget_s (440 
   --num_workers actors for a fixed time: samples/s and env frames/s from benchmark.json, the final mean reward;
 - doom_basic on the GPU to mean reward 0, its env steps to get there against tests/test_doom.py's bar (250k; the
   run may go on to twice that, so that a slower run still says how many it took);
+- learner_ranks: with two GPUs or more, breakout_ale again with --learner_processes_per_policy at 2 and at every GPU
+  (one learner rank per GPU, NCCL), for the learner's samples/s beside one rank's;
 - cnn_sgd: the learner's SGD step (appo.learning.ppo.train_step, through scripts/bench_cnn.py) of the Nature CNN on
   the GPU, Breakout- and Doom-sized, float32 and bfloat16 autocast, at 256 and 2048 samples;
 - precision: what the trainer chose on the GPU (its `auto:` lines about bfloat16, the learner's device, whether
@@ -605,8 +607,8 @@ def write_report(out: Path, info: dict[str, Any], rows: list[Row], started: floa
 
 
 # ------------------------------------------------------------------------------------------------ main
-CHECKS = ("cartpole", "breakout_ale", "doom_basic", "cnn_sgd", "cartpole_cpu", "breakout_envpool", "sf_cartpole",
-          "sf_breakout")
+CHECKS = ("cartpole", "breakout_ale", "doom_basic", "cnn_sgd", "learner_ranks", "cartpole_cpu", "breakout_envpool",
+          "sf_cartpole", "sf_breakout")
 
 
 def run_checks(ctx: Context) -> Iterator[Row]:
@@ -627,6 +629,8 @@ def run_checks(ctx: Context) -> Iterator[Row]:
             continue
         if name == "cnn_sgd":
             yield from guarded(ctx, name, "Nature CNN", lambda: cnn_sgd(ctx, device))
+        elif name == "learner_ranks":
+            yield from learner_ranks(ctx, workers)
         elif name == "breakout_envpool" and not envpool_imports():
             yield Row(name, "envpool:Breakout-v5", result="skipped: envpool does not import")
         elif name in trainers:
@@ -636,6 +640,23 @@ def run_checks(ctx: Context) -> Iterator[Row]:
     if chosen & {"sf_cartpole", "sf_breakout"}:
         yield from sample_factory_runs(ctx, chosen)
     yield from guarded(ctx, "precision", "-", lambda: precision_rows(ctx))
+
+
+def learner_ranks(ctx: Context, workers: str) -> Iterator[Row]:
+    """Breakout with --learner_processes_per_policy at 2 and at every GPU (or 2 ranks on the CPU with --device=cpu),
+    beside breakout_ale's one learner: needs 2 GPUs or more."""
+    import torch
+
+    device = ctx.args.device
+    gpus = torch.cuda.device_count() if device == "cuda" else 2
+    if gpus < 2:
+        yield Row("learner_ranks", "atari_breakout", result=f"skipped: {gpus} GPU (one learner rank per GPU: needs 2)")
+        return
+    for ranks in sorted({2, gpus}):
+        name = f"breakout_ranks{ranks}"
+        flags = [f"--device={device}", workers, f"--learner_processes_per_policy={ranks}"]
+        yield from guarded(ctx, name, "atari_breakout", lambda name=name, flags=flags: [
+            trainer_run(ctx, name, "atari_breakout", flags, BREAKOUT_S)])
 
 
 def sample_factory_runs(ctx: Context, chosen: set[str]) -> Iterator[Row]:

@@ -183,6 +183,9 @@ def test_make_config_resolves_what_depends_on_the_env():
     assert make_config(num_agents=2, env="coop_multi_agent", num_policies=2).agent_policy_mapping == "episode"
     with pytest.raises(ConfigError, match="--batch_size=100 must be a multiple of --rollout=32"):
         make_config(env="CartPole-v1", batch_size=100)
+    with pytest.raises(ConfigError, match="--lr_schedule=linear decays to 0 at --train_for_env_steps: give that"):
+        make_config(env="CartPole-v1", lr_schedule="linear")
+    assert make_config(env="CartPole-v1", lr_schedule="linear", train_for_env_steps=10**6).lr_schedule == "linear"
 
 
 def test_cfg_json_keeps_its_format_and_resumes(tmp_path):

@@ -248,3 +248,35 @@ def test_a_crash_after_ready_is_replaceable_and_one_before_is_permanent(ready):
     (death,) = supervisor.deaths()
     assert death.cause == "RuntimeError: crashed on purpose"
     assert death.permanent is not ready
+
+
+class SleepingWorker:
+    """A worker that reports ready and sleeps until it is killed (the supervisor's group test below)."""
+
+    @classmethod
+    def main(cls, report_queue, name: str) -> None:
+        report_queue.put(WorkerReady(name))
+        time.sleep(3600)
+
+
+@pytest.mark.timeout(30)
+def test_a_death_in_a_group_restarts_the_whole_group_and_counts_once():
+    report_queue = make_queue()
+    supervisor = Supervisor(report_queue, max_restarts=3)
+    role = Role("learner", "tests.test_faults:SleepingWorker", nothing_to_lower)
+    for name, group in (("rank0", "g"), ("rank1", "g"), ("alone", None)):
+        supervisor.add(name, role, lambda name=name: (report_queue, name), inbox=None, group=group)
+    pids = {name: worker.process.pid for name, worker in supervisor.workers.items()}
+    os.kill(pids["rank1"], signal.SIGKILL)
+    supervisor.workers["rank1"].process.join(10)
+    try:
+        assert supervisor.replace_dead([], lambda: None) is None
+        now = {name: worker.process.pid for name, worker in supervisor.workers.items()}
+        assert now["alone"] == pids["alone"] and now["rank0"] != pids["rank0"] and now["rank1"] != pids["rank1"]
+        assert all(worker.process.is_alive() for worker in supervisor.workers.values())
+        assert supervisor.restart_counts() == {"learner": 1}
+        assert [w.total_restarts for w in supervisor.workers.values()] == [0, 1, 0]
+    finally:
+        for worker in supervisor.workers.values():
+            worker.process.kill()
+            worker.process.join()

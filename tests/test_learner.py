@@ -2,6 +2,7 @@
 
 import pytest
 
+from appo.learning.policy import scheduled_learning_rate
 from appo.memory.segments import unlink_segment
 from tests.conftest import LearnerRig
 
@@ -14,10 +15,11 @@ def rig(tmp_path, request):
         unlink_segment(name)
 
 
-def train_once(rig: LearnerRig, next_iteration_in: bool) -> tuple[float, int]:
-    """Train one iteration of policy 0, with or without the next iteration's trajectories already owed to it; returns
-    the passes trained and the updates applied."""
+def train_once(rig: LearnerRig, next_iteration_in: bool, env_steps: int = 0):
+    """Train one iteration of a new learner of policy 0 (whose policy took `env_steps` so far), with or without the
+    next iteration's trajectories already owed to it; returns the learner."""
     learner = rig.learner(0)
+    learner.policy.env_steps = env_steps
     per_iteration = learner.trajs_per_iteration
     slots, following = list(range(per_iteration)), list(range(per_iteration, 2 * per_iteration))
     rig.traj.policy_ids[slots + following] = 0
@@ -25,17 +27,36 @@ def train_once(rig: LearnerRig, next_iteration_in: bool) -> tuple[float, int]:
     rig.control.slot_owed[0][slots] = 1
     rig.control.slot_owed[0][following] = int(next_iteration_in)
     learner.train_iteration(slots)
+    return learner
+
+
+def passes_and_updates(learner) -> tuple[float, int]:
     return learner.counters.stats["epochs"][-1], learner.policy.train_steps
 
 
 def test_with_time_to_spare_every_pass_is_trained(rig):
-    assert train_once(rig, next_iteration_in=False) == (4.0, 4)
+    assert passes_and_updates(train_once(rig, next_iteration_in=False)) == (4.0, 4)
 
 
 def test_once_the_next_iteration_is_in_the_learner_stops_after_the_first_pass(rig):
-    assert train_once(rig, next_iteration_in=True) == (1.0, 1)
+    assert passes_and_updates(train_once(rig, next_iteration_in=True)) == (1.0, 1)
 
 
 @pytest.mark.parametrize("rig", [("--adaptive_epochs=False",)], indirect=True)
 def test_without_adaptive_epochs_every_pass_is_trained(rig):
-    assert train_once(rig, next_iteration_in=True) == (4.0, 4)
+    assert passes_and_updates(train_once(rig, next_iteration_in=True)) == (4.0, 4)
+
+
+def test_the_linear_schedule_decays_the_learning_rate_to_zero_at_the_budget():
+    assert scheduled_learning_rate(1e-3, "constant", 900, 1000) == 1e-3
+    assert [scheduled_learning_rate(1e-3, "linear", steps, 1000) for steps in (0, 250, 1000, 1200)] == pytest.approx(
+        [1e-3, 7.5e-4, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("rig", [("--lr_schedule=linear", "--train_for_env_steps=1000", "--learning_rate=0.002")],
+                         indirect=True)
+def test_each_iteration_trains_at_the_scheduled_learning_rate(rig):
+    batch_steps = 4 * rig.cfg.rollout  # the rig's 4 envs of one worker: one iteration of 32 samples
+    learner = train_once(rig, next_iteration_in=False, env_steps=500 - batch_steps)
+    assert learner.policy.env_steps == 500
+    assert learner.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)

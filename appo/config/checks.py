@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from appo.config.flags import FLAG_NAMES, spec, value_type
+from appo.config.flags import FLAG_NAMES, NO_BUDGET, spec, value_type
 
 
 class ConfigError(Exception):
@@ -135,6 +135,22 @@ def check_batch(cfg: Any) -> None:
         raise ConfigError(f"--batch_size={cfg.batch_size} must be a multiple of --rollout={cfg.rollout}")
 
 
+def check_lr_schedule(cfg: Any) -> None:
+    if cfg.lr_schedule == "linear" and cfg.train_for_env_steps == NO_BUDGET:
+        raise ConfigError("--lr_schedule=linear decays to 0 at --train_for_env_steps: give that budget, or use "
+                          "--lr_schedule=constant")
+
+
+def check_learner_ranks(cfg: Any) -> None:
+    ranks = cfg.learner_processes_per_policy
+    if ranks > 1 and cfg.serial_mode:
+        raise ConfigError(f"--learner_processes_per_policy={ranks}: each rank is a process of its own, which "
+                          "--serial_mode=True does not start; use 1 in serial mode")
+    if ranks > 1 and cfg.with_vtrace:
+        raise ConfigError(f"--learner_processes_per_policy={ranks} shares minibatches out with advantages computed "
+                          "before the shares (GAE); --with_vtrace=True computes them per minibatch: use 1 with it")
+
+
 def check_recurrence(cfg: Any) -> None:
     if cfg.recurrence != -1 and (cfg.recurrence <= 0 or cfg.rollout % cfg.recurrence != 0):
         raise ConfigError(f"--recurrence={cfg.recurrence} must be -1 or a positive divisor of --rollout={cfg.rollout}")
@@ -225,7 +241,8 @@ def check_experiment_name(cfg: Any) -> None:
 
 
 CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inference_workers, check_splits, check_batch,
-          check_recurrence, check_population, check_perturb_factors, check_self_play, check_policy_mapping,
+          check_lr_schedule, check_learner_ranks, check_recurrence, check_population, check_perturb_factors,
+          check_self_play, check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
           check_encoder, check_experiment_name, check_trackers_installed,
           wandb_tags)  # --wandb_tags parses to a list of tags

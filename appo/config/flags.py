@@ -213,6 +213,16 @@ class Config:
     learner_torch_threads: int = flag(1, SAMPLING,
                                       "CPU threads for the learner's torch ops; more helps CPU-only training of CNNs "
                                       "when cores are free.", valid="[1, inf)")
+    learner_processes_per_policy: int = flag(
+        1, SAMPLING, "Learner processes (ranks) that train each policy together, data-parallel: each takes its share "
+        "of every minibatch and torch.distributed sums their gradients (gloo on the CPU; NCCL on CUDA, rank r on "
+        "cuda:r). 1: one learner process.", valid="[1, inf)")
+    learner_master_addr: str = flag("127.0.0.1", SAMPLING,
+                                    "Where each policy's learner ranks meet (torch.distributed's rendezvous, as "
+                                    "torchrun's --master_addr): the address of the host of rank 0.")
+    learner_master_port: int = flag(29533, SAMPLING,
+                                    "Policy p's learner ranks meet on this port + p (rank 0 listens on it).",
+                                    valid="[1, 65535]")
     learner_bf16: bool = flag(False, SAMPLING,
                               "On a CPU, the learner runs image encoders under bfloat16 autocast (heads, losses and "
                               "weights stay float32), for faster SGD (docs/PERFORMANCE.md). No effect on CUDA or on "
@@ -234,7 +244,7 @@ class Config:
                         "package.module:factory.")
     actor_critic_share_weights: bool = flag(True, MODEL,
                                             "One encoder (and core) for policy and value heads; False gives the critic "
-                                            "its own (auto: False for continuous actions on vector observations).")
+                                            "its own.")
     normalize_input: bool = flag(True, MODEL,
                                  "Normalise float observations by running mean/std (kept by the learner, used by "
                                  "inference); uint8 images are scaled to [0, 1] either way.")
@@ -288,6 +298,10 @@ class Config:
                                "dominate.")
     reward_clip: float = flag(1000.0, LEARNING, "Scaled rewards are clipped to [-x, x].")
     learning_rate: float = flag(1e-3, LEARNING, "Learning rate of the Adam optimizer.", valid="(0, inf)")
+    lr_schedule: str = flag("constant", LEARNING,
+                            "How the learning rate moves over the run: constant, or linear: down from --learning_rate "
+                            "to 0 at --train_for_env_steps (the policy's own env steps; needs that budget).",
+                            choices=("constant", "linear"))
     adam_eps: float = flag(1e-6, LEARNING, "Adam's epsilon, added to the denominator for numerical stability.",
                            valid="(0, inf)")
     adam_beta1: float = flag(0.9, LEARNING, "Adam's beta1: the decay rate of its running mean of gradients.")

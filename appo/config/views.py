@@ -105,9 +105,13 @@ class LearnerConfig(ModelFlags):
     default_niceness: int
     learner_torch_threads: int
     learner_bf16: bool
+    learner_processes_per_policy: int
+    learner_master_addr: str
+    learner_master_port: int
     num_policies: int
     sampler_only: bool
     train_for_env_steps: int
+    lr_schedule: str
     recurrence: int
     rollout: int
     batch_size: int
@@ -163,6 +167,7 @@ class RunnerConfig(RoleView):
     num_envs_per_worker: int
     worker_num_splits: int
     num_policies: int
+    learner_processes_per_policy: int
     policy_workers_per_policy: int
     shared_inference_workers: bool
     self_play_opponents: int

@@ -39,7 +39,8 @@ from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, l
 from appo.learning.device import resolve_device
 from appo.learning.policy import Policy
 from appo.learning.ppo import ppo_updates
-from appo.learning.weights import WeightsPublisher
+from appo.learning.ranks import GroupLeader, rank_device
+from appo.learning.weights import WeightsPublisher, share_snapshots
 from appo.memory.segments import check_room
 from appo.messages import (
     AdoptWeights,
@@ -143,16 +144,16 @@ class Learner(WorkerRole):
         self.learner_inboxes, self.report_queue = ctx.queues.learner_inboxes, ctx.queues.report
         self.inbox = self.learner_inboxes[policy_id]
         self.report_iterations = report_iterations
-        self.device = resolve_device(cfg.device)
+        self.device = rank_device(resolve_device(cfg.device), 0, cfg.learner_processes_per_policy)
         self.checkpoint_dir = checkpoint_dir(ctx.exp_dir, policy_id)
         # Minibatches are drawn from a generator of the learner's own, so that its draws do not depend on what else
         # runs in the process (--serial_mode runs inference there too).
         self.shuffle = torch.Generator(self.device)
-        if cfg.seed is not None:
+        if cfg.seed is None:
+            self.shuffle.seed()
+        else:
             torch.manual_seed(cfg.seed + policy_id)
             self.shuffle.manual_seed(cfg.seed + policy_id)
-        else:
-            self.shuffle.seed()
         self.policy = Policy(policy_id, cfg, ctx.spaces, self.device, flags)
         self.policy.model.set_bf16_images(cfg.learner_bf16)
         checkpoint = self._load()
@@ -161,7 +162,7 @@ class Learner(WorkerRole):
         # The self-play pool's segments: snapshot k of this policy is acting id snapshot_ids(cfg, policy_id)[k].
         self.snapshot_weights = [WeightsPublisher(self.policy.model, ctx.weights_names[i], ctx.control, i)
                                  for i in snapshot_ids(cfg, policy_id)]
-        self._share_snapshots()
+        share_snapshots(self.policy.snapshots, self.snapshot_weights, ctx.control)
         self.trajs_per_iteration = trajectories_per_iteration(cfg)
         # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
         self.backlog_limit = self.trajs_per_iteration + (
@@ -173,6 +174,8 @@ class Learner(WorkerRole):
         self.last_scan = self.last_save = self.last_report = time.monotonic()  # of each thing `step` does now and then
         if ctx.control.learners.policy_version[policy_id] >= 0:
             self._continue_predecessor(checkpoint)
+        # --learner_processes_per_policy > 1: this is rank 0 of its group (appo/learning/ranks.py)
+        self.leader = GroupLeader(cfg, self.policy, self.device) if cfg.learner_processes_per_policy > 1 else None
         self._take(self.owed.scan())
 
     # ---------------------------------------------------------------- main loop
@@ -213,6 +216,8 @@ class Learner(WorkerRole):
         if now - self.last_report > REPORT_INTERVAL_S:
             self.report()
             self.last_report = now
+        if self.leader is not None:
+            self.leader.keep_in_step()
 
     def close(self) -> None:
         """A last checkpoint and report, when the run stops."""
@@ -220,6 +225,8 @@ class Learner(WorkerRole):
         if self.counters.failed_saves:
             log.error("policy %d: %d checkpoint writes failed in this run", self.policy_id, self.counters.failed_saves)
         self.report()
+        if self.leader is not None:
+            self.leader.stop()
 
     def on_message(self, message: list | SetHyperparams | ExportWeights | AdoptWeights) -> None:
         """From actors: a SlotHint (a list of slots). From the runner (PBT): SetHyperparams, or ExportWeights (hand
@@ -255,10 +262,11 @@ class Learner(WorkerRole):
             batch = self.collect(slots)
         if batch is None:
             return
+        policy.apply_learning_rate()  # --lr_schedule: at the env steps counted so far
         next_not_in = (lambda: self.owed.waiting() < self.trajs_per_iteration) if self.cfg.adaptive_epochs else None
         with self.timing.time("sgd"):
             updates = ppo_updates(policy.model, policy.optimizer, self.cfg, policy.hyperparams, batch, self.shuffle,
-                                  another_epoch=next_not_in)
+                                  another_epoch=next_not_in, ranks=self.leader.ranks if self.leader else None)
             policy.train_steps += counters.add_iteration(updates, trajectories=len(batch["dones"]))
             self._publish()
         if marks is not None:
@@ -272,6 +280,8 @@ class Learner(WorkerRole):
         batch = self.batches.build(slots, policy.version, policy.min_version, policy.hyperparams.gamma)
         policy.env_steps += batch.own_steps
         self.counters.add_batch(batch)
+        if self.leader is not None:
+            self.leader.share_slots(slots)
         self.owed.release(slots)
         return batch.tensors
 
@@ -345,17 +355,6 @@ class Learner(WorkerRole):
         log.warning("policy %d: learner replaced; continues as version %d from %s; optimizer state %s; lost: %s", p,
                     policy.version, weights, optimizer, lost)
 
-    def _share_snapshots(self) -> None:
-        """Make the self-play pool in shared memory and the policy's agree: snapshots a predecessor of this learner
-        published are newer than the checkpoint's and are taken back; otherwise the checkpoint's are published."""
-        for k, publisher in enumerate(self.snapshot_weights):
-            published = publisher.read_frozen()
-            if published is not None:
-                version = int(self.control.learners.policy_version[publisher.policy_id])
-                self.policy.snapshots[k] = {"version": version, "weights": published}
-            elif self.policy.snapshots[k] is not None:
-                publisher.publish_frozen(self.policy.snapshots[k]["weights"], self.policy.snapshots[k]["version"])
-
     # ---------------------------------------------------------------- population-based training
     def _export(self, receiver: int) -> None:
         """Write this policy's current weights and optimizer state for another learner (not a checkpoint:
@@ -369,6 +368,8 @@ class Learner(WorkerRole):
         state = load_checkpoint(message.path, self.device)
         os.remove(message.path)
         self.policy.adopt(state)
+        if self.leader is not None:
+            self.leader.resync = True  # the other ranks take the new state with the next order
         self.weights.publish(self.policy.version)
         self.save()  # a resumed run must not go back to the replaced weights
         log.info("policy %d: took over the weights and optimizer state of policy %d (its version %d) as version %d;"

@@ -21,6 +21,14 @@ from appo.learning.model import ActorCritic
 from appo.learning.weights import frozen_weights
 
 
+def scheduled_learning_rate(base: float, schedule: str, env_steps: int, budget: int) -> float:
+    """The learning rate after `env_steps` of a `budget`: `base` throughout (constant), or down from `base` to 0 at
+    the budget (linear), so the last updates of a budgeted run are small ones."""
+    if schedule == "constant":
+        return base
+    return base * max(0.0, 1.0 - env_steps / budget)
+
+
 class Policy:
     """Owns the model, its optimizer and the policy's `Hyperparams` (the only values PBT changes; the run's flags
     are read, never changed)."""
@@ -30,6 +38,7 @@ class Policy:
         """`cfg`: the run's flags (a `Config`, or the learner's view of it); `hyperparams`: the policy's (PBT's, for a
         learner of a PBT run); without them, the flags' (then `cfg` must be the whole `Config`)."""
         self.policy_id, self.device = policy_id, device
+        self.lr_schedule, self.budget = cfg.lr_schedule, cfg.train_for_env_steps
         self.hyperparams = hyperparams if hyperparams is not None else Hyperparams.from_cfg(cfg)
         self.model = ActorCritic(*spaces, cfg).to(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hyperparams.learning_rate,
@@ -47,11 +56,13 @@ class Policy:
     def set_hyperparams(self, values: Mapping[str, float]) -> None:
         """New values for some hyper-parameters (ValueError for a name PBT may not change)."""
         self.hyperparams = self.hyperparams.updated(values)
-        self._apply_learning_rate()
+        self.apply_learning_rate()
 
-    def _apply_learning_rate(self) -> None:
+    def apply_learning_rate(self) -> None:
+        """Set the optimizer's learning rate: the hyper-parameter's, where --lr_schedule puts it at these env steps."""
+        lr = scheduled_learning_rate(self.hyperparams.learning_rate, self.lr_schedule, self.env_steps, self.budget)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.hyperparams.learning_rate
+            group["lr"] = lr
 
     # ---------------------------------------------------------------- self-play
     def snapshot_due(self) -> bool:
@@ -88,7 +99,7 @@ class Policy:
         self.version, self.env_steps, self.train_steps = state["version"], state["env_steps"], state["train_steps"]
         self.min_version = state.get("min_version", 0)
         self._restore_snapshots(state.get("snapshots", []))
-        self._apply_learning_rate()  # the optimizer state carried the saved learning rate
+        self.apply_learning_rate()  # the optimizer state carried the saved learning rate
 
     def adopt(self, donor_state: dict) -> None:
         """Take over another policy's weights (normalisation statistics included) and optimizer state.
@@ -98,7 +109,7 @@ class Policy:
         and train-step counters and the self-play pool stay this policy's own."""
         self.model.load_state_dict(donor_state["model"])
         self.optimizer.load_state_dict(donor_state["optimizer"])
-        self._apply_learning_rate()
+        self.apply_learning_rate()
         self.version += 1
         self.min_version = self.version
 

@@ -10,7 +10,7 @@ one acting id a `mask` [n, T] of the steps this policy took.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -18,6 +18,9 @@ from torch import Tensor
 from appo.config.hyperparams import Hyperparams
 from appo.learning import losses
 from appo.learning.model import ActorCritic
+
+if TYPE_CHECKING:
+    from appo.learning.ranks import RankGroup
 
 
 def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
@@ -73,17 +76,47 @@ def bootstrap_values(model: ActorCritic, batch: dict[str, Any]) -> Tensor:
 
 
 def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
-               mb: dict[str, Any], advantages: Tensor | None, targets: Tensor | None) -> dict[str, float] | None:
+               mb: dict[str, Any], advantages: Tensor | None, targets: Tensor | None,
+               ranks: RankGroup | None = None) -> dict[str, float] | None:
     """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics, or None when
     the loss or the gradient is not finite: then nothing changes (weights, optimizer, return statistics).
 
     `mb` holds whole trajectories [n, T]; `values` are the behaviour values stored by inference (the
     old values of PPO's value clipping) and `bootstrap` the value after the last step. With GAE the
     advantages and targets are precomputed; with V-trace they are computed here from the current
-    policy's log-probabilities. Values are in reward units throughout; the value loss alone is taken in
-    the value head's units, which differ under --normalize_returns. `cfg` gives the run's fixed flags,
-    `hp` the policy's current hyper-parameters.
+    policy's log-probabilities. `cfg` gives the run's fixed flags, `hp` the policy's current hyper-parameters.
+
+    With `ranks` (--learner_processes_per_policy > 1, GAE only) every rank holds the whole minibatch: advantages are
+    normalised over all of it, then each rank computes the loss of its share (statistics are its share's), weighted
+    by the share's part of the minibatch, and the gradients are summed over the ranks (appo/learning/ranks.py). A
+    rank whose share is empty (fewer trajectories than ranks) adds nothing and returns no statistics.
     """
+    whole_mask, whole_targets, weight = mb.get("mask"), targets, 1.0
+    if cfg.normalize_advantage and not cfg.with_vtrace:
+        advantages = losses.normalize(advantages, whole_mask)
+    if ranks is not None:
+        rows = ranks.share(len(mb["dones"]))
+        weight = share_weight(mb["dones"], whole_mask, rows)
+        mb = {name: select(tensor, rows) for name, tensor in mb.items()}
+        advantages, targets = advantages[rows], targets[rows]
+    loss, stats = None, {}
+    if len(mb["dones"]):
+        loss, targets, stats = minibatch_loss(model, cfg, hp, mb, advantages, targets)
+        if cfg.with_vtrace:  # its targets come from the loss (one rank only: appo/config/checks.py)
+            whole_targets = targets
+    grad_norm = apply_gradients(model, optimizer, loss, weight, hp.max_grad_norm, ranks)
+    if grad_norm is None:
+        return None
+    # Used from the next step on; every rank folds in the whole minibatch's targets.
+    model.update_return_stats(whole_targets if whole_mask is None else whole_targets[whole_mask > 0])
+    return {name: value.item() for name, value in stats.items()} | ({"grad_norm": float(grad_norm)} if stats else {})
+
+
+def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, Any], advantages: Tensor | None,
+                   targets: Tensor | None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The APPO loss of a minibatch (or of a rank's share of one), the value targets it used (V-trace's, computed here
+    from the current policy's log-probabilities), and its statistics. Values are in reward units throughout; the
+    value loss alone is taken in the value head's units, which differ under --normalize_returns."""
     params, values = forward_trajectories(model, cfg.recurrence, mb)
     dist = model.distribution(params)
     log_probs = dist.log_prob(mb["actions"])
@@ -93,8 +126,8 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, h
         targets, advantages = losses.vtrace(
             mb["log_probs"], log_probs.detach(), mb["rewards"], mb["dones"], values.detach(), mb["bootstrap"],
             hp.gamma, cfg.vtrace_rho, cfg.vtrace_c)
-    if cfg.normalize_advantage:
-        advantages = losses.normalize(advantages, mask)
+        if cfg.normalize_advantage:
+            advantages = losses.normalize(advantages, mask)
 
     policy_loss = losses.ppo_policy_loss(ratio, advantages, hp.ppo_clip_ratio, mask)
     norm = model.normalize_values
@@ -106,31 +139,49 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, h
         exploration_loss = losses.masked_mean(dist.symmetric_kl_to_prior(), mask)
     loss = policy_loss + hp.value_loss_coeff * value_loss + hp.exploration_loss_coeff * exploration_loss
 
+    with torch.no_grad():
+        low, high = 1.0 / (1.0 + hp.ppo_clip_ratio), 1.0 + hp.ppo_clip_ratio
+        stats = {
+            "loss": loss,
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "exploration_loss": exploration_loss,
+            "entropy": entropy,
+            "kl": losses.masked_mean(mb["log_probs"] - log_probs, mask),
+            "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), mask),
+            "values": losses.masked_mean(values, mask),
+            "value_targets": losses.masked_mean(targets, mask),
+        }
+    return loss, targets, stats
+
+
+def apply_gradients(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: Tensor | None, weight: float,
+                    max_grad_norm: float, ranks: RankGroup | None) -> Tensor | None:
+    """Backward `loss` x `weight` (None: this rank has no share of the minibatch), sum the gradients over the ranks,
+    clip them and take the Adam step; returns the gradient's norm before clipping, or None when a loss or the gradient
+    was not finite (then nothing changed, on every rank)."""
     optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
+    finite = loss is None or bool(torch.isfinite(loss))
+    if loss is not None and finite:
+        (loss * weight).backward()
+    if ranks is not None:
+        finite = ranks.sum_gradients(model, finite)
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
         return None
-    loss.backward()
-    grad_norm = clip_gradients(model, hp.max_grad_norm)
+    grad_norm = clip_gradients(model, max_grad_norm)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return None
     optimizer.step()
-    model.update_return_stats(targets if mask is None else targets[mask > 0])  # used from the next step on
+    return grad_norm
 
-    with torch.no_grad():
-        low, high = 1.0 / (1.0 + hp.ppo_clip_ratio), 1.0 + hp.ppo_clip_ratio
-        return {
-            "loss": loss.item(),
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "exploration_loss": exploration_loss.item(),
-            "entropy": entropy.item(),
-            "kl": losses.masked_mean(mb["log_probs"] - log_probs, mask).item(),
-            "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), mask).item(),
-            "grad_norm": float(grad_norm),
-            "values": losses.masked_mean(values, mask).item(),
-            "value_targets": losses.masked_mean(targets, mask).item(),
-        }
+
+def share_weight(dones: Tensor, mask: Tensor | None, rows: slice) -> float:
+    """The part of a minibatch's steps (its masked steps, with a mask) that `rows` hold."""
+    if mask is None:
+        return len(dones[rows]) / len(dones)
+    return float(mask[rows].sum() / mask.sum().clamp(min=1.0))
 
 
 def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
@@ -142,13 +193,15 @@ def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
 
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                 batch: dict[str, Any], shuffle: torch.Generator | None = None,
-                another_epoch: Callable[[], bool] | None = None) -> Iterator[dict[str, float] | None]:
+                another_epoch: Callable[[], bool] | None = None,
+                ranks: RankGroup | None = None) -> Iterator[dict[str, float] | None]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
     bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then up to
     --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
     minibatch's statistics (None: a non-finite update, skipped) right after its step. `shuffle` draws the
     minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
-    iteration early when it returns False (the first pass always runs)."""
+    iteration early when it returns False (the first pass always runs). With `ranks`, rank 0 decides the passes and
+    draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
     advantages = targets = None
@@ -158,9 +211,15 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     n = batch["rewards"].shape[0]
     num_minibatches = min(cfg.num_batches_per_iteration, n)
     for epoch in range(cfg.ppo_epochs):
-        if epoch > 0 and another_epoch is not None and not another_epoch():
+        go_on = epoch == 0 or another_epoch is None or another_epoch()
+        order = None
+        if go_on and (ranks is None or ranks.rank == 0):
+            order = torch.randperm(n, generator=shuffle, device=batch["rewards"].device)
+        if ranks is not None:
+            go_on, order = ranks.agree_on_pass(go_on, order, n)
+        if not go_on:
             return
-        for mb_index in torch.randperm(n, generator=shuffle, device=batch["rewards"].device).chunk(num_minibatches):
+        for mb_index in order.chunk(num_minibatches):
             mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
             yield train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
-                             None if targets is None else targets[mb_index])
+                             None if targets is None else targets[mb_index], ranks)

@@ -121,6 +121,19 @@ class WeightsSubscriber(_FlatWeights):
         return True
 
 
+def share_snapshots(snapshots: list[dict | None], publishers: list[WeightsPublisher], control: SharedControl) -> None:
+    """Make a policy's self-play pool (`snapshots`, Policy.snapshots) and its segments in shared memory agree:
+    snapshots that a predecessor of this learner published are newer than the checkpoint's and are taken back;
+    otherwise the checkpoint's are published."""
+    for k, publisher in enumerate(publishers):
+        published = publisher.read_frozen()
+        if published is not None:
+            version = int(control.learners.policy_version[publisher.policy_id])
+            snapshots[k] = {"version": version, "weights": published}
+        elif snapshots[k] is not None:
+            publisher.publish_frozen(snapshots[k]["weights"], snapshots[k]["version"])
+
+
 def weights_bytes(spaces: tuple, cfg) -> int:
     """The size of one acting id's weights segment for a model of these spaces and flags."""
     from appo.learning.model import ActorCritic

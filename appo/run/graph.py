@@ -3,6 +3,7 @@ role, appo/workers/roles.py), with which arguments, and which queue each reads.
 
     actor_w  --request counters-->  inference (shard, index)  --answer counters + WAKE-->  actor_w
     actor_w  --slot_owed + SlotHint-->  learner_p  --weights segment + version-->  inference, evaluator
+    learner_p (rank 0)  --orders, gradients (torch.distributed)-->  learner_p_r1..  (--learner_processes_per_policy)
     learner_p  --WAKE (slots released)-->  actor_w;  every worker  --reports-->  runner (report queue)
     runner  --SetHyperparams / ExportWeights-->  learner_p  --AdoptWeights-->  learner_q;  runner --> evaluator
 
@@ -22,7 +23,7 @@ from appo.memory.segments import weights_segment_name
 from appo.sampling.sampler_group import SamplerGroup, sampler_queues
 from appo.utils.queues import make_queue
 from appo.workers.context import Queues, WorkerContext
-from appo.workers.roles import ACTOR, CLUSTER, EVALUATOR, INFERENCE, LEARNER
+from appo.workers.roles import ACTOR, CLUSTER, EVALUATOR, INFERENCE, LEARNER, LEARNER_RANK
 
 # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each worker's
 # resident memory creep up for longer: RSS counts the shared pages a process has touched, and a ring's messages
@@ -55,9 +56,13 @@ def start_workers(ctx: WorkerContext, env: EnvInfo, supervisor, hyperparams: Cal
 
     `hyperparams(p)` gives policy p's current PBT hyper-parameters at each (re)start of its learner."""
     cfg, queues = ctx.cfg, ctx.queues
-    for p in range(cfg.num_policies):
-        supervisor.add(f"learner_p{p}", LEARNER, lambda p=p: (ctx, p, hyperparams(p), report_iterations),
-                       inbox=queues.learner_inboxes[p])
+    for p in range(cfg.num_policies):  # rank 0, then the other ranks of its group (appo/learning/ranks.py)
+        group = f"learner_p{p}"
+        supervisor.add(group, LEARNER, lambda p=p: (ctx, p, hyperparams(p), report_iterations),
+                       inbox=queues.learner_inboxes[p], group=group)
+        for rank in range(1, cfg.learner_processes_per_policy):
+            supervisor.add(f"{group}_r{rank}", LEARNER_RANK, lambda p=p, rank=rank: (ctx, p, rank), inbox=None,
+                           group=group)
     if queues.evaluator_inbox is not None:
         supervisor.add("evaluator", EVALUATOR, lambda: (ctx, env.num_agents), inbox=queues.evaluator_inbox)
     if cfg.backend == "local":

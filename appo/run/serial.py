@@ -29,7 +29,7 @@ class SerialSupervisor:
         self.set_up: set[str] = set()
         self.ready_at: dict[str, float] = {}
 
-    def add(self, name: str, role: Role, args: Callable[[], tuple], inbox) -> None:
+    def add(self, name: str, role: Role, args: Callable[[], tuple], inbox, group: str | None = None) -> None:
         """Build the worker's object (its role's class) with the arguments its process's `main` would get."""
         self.objects[name] = role.load()(*args())
 

@@ -42,7 +42,8 @@ class Worker:
     name: str
     role: Role
     args: Callable[[], tuple]  # the arguments of the role's `main`, as of now
-    inbox: object  # the queue it reads (appo.utils.queues.forget_waiters after its death)
+    inbox: object  # the queue it reads (appo.utils.queues.forget_waiters after its death), or None
+    group: str | None = None  # workers that live and die together (a policy's learner ranks)
     process: multiprocessing.Process | None = None
     started: float = 0.0  # time.monotonic() of the last start
     ready: bool = False
@@ -78,9 +79,10 @@ class Supervisor:
         # higher was the OOM killer's.
         self.oom_kills_seen, self.oom_checked_at = oom_kills(), time.monotonic()
 
-    def add(self, name: str, role: Role, args: Callable[[], tuple], inbox) -> None:
-        """Start worker `name` of `role`: its class's `main(*args())` runs in a forked process."""
-        self.workers[name] = Worker(name, role, args, inbox)
+    def add(self, name: str, role: Role, args: Callable[[], tuple], inbox, group: str | None = None) -> None:
+        """Start worker `name` of `role`: its class's `main(*args())` runs in a forked process. The workers of a
+        `group` are restarted together when one of them dies."""
+        self.workers[name] = Worker(name, role, args, inbox, group)
         self._start(self.workers[name])
 
     def _start(self, worker: Worker) -> None:
@@ -147,8 +149,11 @@ class Supervisor:
         if not self.deaths():
             return None
         drain_reports()
+        restarted: set[str] = set()
         for death in self.deaths():
             worker = death.worker
+            if worker.name in restarted:  # a member of a group restarted already in this pass
+                continue
             if death.permanent:
                 what = "stopped the run" if worker.fatal else "crashed while starting (a replacement would too)"
                 return f"{worker.name} {what}: {death.cause}"
@@ -161,16 +166,35 @@ class Supervisor:
                 return (f"{worker.name} died the same way twice within {EARLY_DEATH_S:g} s of its start, a replacement "
                         f"would too: {death.cause}")
             worker.early_death = death.cause if early else None
-            for name, queue in queues:
-                if release_if_held_by(queue, worker.process.pid):
-                    log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked", worker.name,
-                                name)
-            forget_waiters(worker.inbox)
-            worker.role.after_death(*worker.args())
-            self.restart(worker)
-            log.warning("%s died (%s); replaced it (restart %d of this worker, at most %d per hour)", worker.name,
-                        death.cause, len(worker.restarts), self.max_restarts)
+            members = self._stop_group(worker, drain_reports)
+            for member in members:
+                for name, queue in queues:
+                    if release_if_held_by(queue, member.process.pid):
+                        log.warning("%s died holding the lock of the %s; the queue was emptied and unlocked",
+                                    member.name, name)
+                if member.inbox is not None:
+                    forget_waiters(member.inbox)
+                member.role.after_death(*member.args())
+                self.restart(member, counted=member is worker)
+                restarted.add(member.name)
+            group = f" and the rest of its group ({', '.join(m.name for m in members[1:])})" if members[1:] else ""
+            log.warning("%s died (%s); replaced it%s (restart %d of this worker, at most %d per hour)", worker.name,
+                        death.cause, group, len(worker.restarts), self.max_restarts)
         return None
+
+    def _stop_group(self, worker: Worker, drain_reports: Callable[[], None]) -> list[Worker]:
+        """`worker` and the other members of its group, which are killed and waited for (they would wait on the dead
+        one in a collective until it timed out) before any of them restarts."""
+        others = [w for w in self.workers.values() if worker.group is not None and w.group == worker.group
+                  and w is not worker]
+        for other in others:
+            if other.process.exitcode is None:
+                other.killed_because = f"stopped with {worker.name}, its group's member that died"
+                os.kill(other.process.pid, signal.SIGKILL)
+            other.process.join()
+        if others:
+            drain_reports()  # what they said before they died is theirs, not their replacements'
+        return [worker, *others]
 
     def may_restart(self, worker: Worker) -> bool:
         """Within --max_worker_restarts restarts of this worker in the last hour."""
@@ -179,10 +203,12 @@ class Supervisor:
             worker.restarts.popleft()
         return len(worker.restarts) < self.max_restarts
 
-    def restart(self, worker: Worker) -> None:
+    def restart(self, worker: Worker, counted: bool = True) -> None:
+        """Start `worker` again; `counted` toward --max_worker_restarts unless it only follows its group."""
         worker.process.join(timeout=0)
-        worker.restarts.append(time.monotonic())
-        worker.total_restarts += 1
+        if counted:
+            worker.restarts.append(time.monotonic())
+            worker.total_restarts += 1
         self._start(worker)
 
     def kill(self, name: str, reason: str) -> None:

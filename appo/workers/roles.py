@@ -79,13 +79,15 @@ def lower_actor_flags(ctx: WorkerContext, worker: int) -> None:
 
 
 def nothing_to_lower(*_) -> None:
-    """The evaluator and the cluster process raise no flag that another process waits on."""
+    """The evaluator, a learner rank above 0 and the cluster process raise no flag that another process waits on."""
 
 
 # The roles. After `ctx`, each class's main(ctx, ...) takes: the learner its policy, its PBT hyper-parameters and
-# whether to report iterations; the evaluator the agents per env; inference its shard and index; an actor its number;
-# the cluster process the env. Which workers of each a run starts: appo/run/graph.py.
+# whether to report iterations; a learner rank (--learner_processes_per_policy > 1) its policy and rank; the evaluator
+# the agents per env; inference its shard and index; an actor its number; the cluster process the env. Which workers
+# of each a run starts: appo/run/graph.py.
 LEARNER = Role("learner", "appo.learning.learner:Learner", lower_learner_flags)
+LEARNER_RANK = Role("learner_rank", "appo.learning.learner_rank:LearnerRank", nothing_to_lower)
 EVALUATOR = Role("evaluator", "appo.learning.evaluator:Evaluator", nothing_to_lower)
 INFERENCE = Role("inference", "appo.sampling.inference_worker:InferenceWorker", lower_inference_flags)
 ACTOR = Role("actor", "appo.sampling.actor_worker:ActorWorker", lower_actor_flags)
