@@ -1,14 +1,16 @@
 """--learner_processes_per_policy: several learner processes (ranks) train one policy (appo/learning/ranks.py).
 
 The equivalence test runs real learners over the shared buffers of a `LearnerRig` (rank 0 a `Learner`, rank 1 a
-`LearnerRank`, each in a spawned process with a rig of its own, filled alike) and compares with one process; the
-others run the trainer, over gloo on the loopback.
+`LearnerRank`, each in a process of its own with a rig of its own, filled alike) and compares with one learner in a
+process of its own; the others run the trainer. The ranks meet over gloo on the loopback.
 """
 
-import multiprocessing
+import json
 import pathlib
 import re
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import torch
 
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
 from appo.memory.segments import unlink_segment
-from tests.conftest import LearnerRig, last_mean_reward
+from tests.conftest import REPO, LearnerRig, last_mean_reward
 from tests.test_faults import kill, stop, wait_for_log
 
 SMALL = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--seed=1"]
@@ -30,8 +32,10 @@ def free_port() -> int:
 
 def one_iteration(exp_dir: str, rank: int, flags: list[str], out: str | None) -> None:
     """Rank `rank` of a learner group trains one iteration of policy 0 on a rig of its own (its trajectories the same
-    as every rig's); rank 0 saves the model's weights to `out`."""
+    as every rig's); rank 0 saves the model's weights to `out`. One torch thread, as a learner process has."""
     from appo.learning.learner_rank import LearnerRank
+
+    torch.set_num_threads(1)
 
     rig = LearnerRig(exp_dir, "--ppo_epochs=2", "--adaptive_epochs=False", *flags)
     try:
@@ -58,17 +62,18 @@ def one_iteration(exp_dir: str, rank: int, flags: list[str], out: str | None) ->
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("minibatches", [2, 4])  # 4: a trajectory per minibatch, so one rank's share is empty
 def test_two_ranks_train_an_iteration_to_the_weights_one_process_trains(tmp_path, minibatches):
-    one_iteration(str(tmp_path / "one"), 0, [f"--num_batches_per_iteration={minibatches}"], str(tmp_path / "one.pt"))
-    flags = [f"--num_batches_per_iteration={minibatches}", "--learner_processes_per_policy=2",
-             f"--learner_master_port={free_port()}"]
-    spawn = multiprocessing.get_context("spawn")
-    ranks = [spawn.Process(target=one_iteration, args=(str(tmp_path / f"r{r}"), r, flags, str(tmp_path / "two.pt")))
-             for r in (0, 1)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-        assert process.exitcode == 0
+    def start(exp_dir: str, rank: int, flags: list[str], out: str) -> subprocess.Popen:
+        """`one_iteration` in a fresh Python process (not a multiprocessing child: its spawn start method would leave a
+        resource tracker process behind, which later tests of this session would count as this process's child)."""
+        call = f"from tests.test_ranks import one_iteration; one_iteration(*{json.dumps([exp_dir, rank, flags, out])})"
+        return subprocess.Popen([sys.executable, "-c", call], cwd=REPO)
+
+    one = [f"--num_batches_per_iteration={minibatches}"]
+    two = [*one, "--learner_processes_per_policy=2", f"--learner_master_port={free_port()}"]
+    processes = [start(str(tmp_path / "one"), 0, one, str(tmp_path / "one.pt")),
+                 *(start(str(tmp_path / f"r{rank}"), rank, two, str(tmp_path / "two.pt")) for rank in (0, 1))]
+    for process in processes:
+        assert process.wait(timeout=150) == 0
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert one["before"].keys() == two["after"].keys()
     for name, value in one["after"].items():
@@ -76,6 +81,7 @@ def test_two_ranks_train_an_iteration_to_the_weights_one_process_trains(tmp_path
     assert not torch.equal(one["after"]["policy_head.weight"], one["before"]["policy_head.weight"])
 
 
+@pytest.mark.timeout(240)
 def test_two_ranks_learn_cartpole_and_a_killed_rank_takes_its_group_down_and_back(trainer):
     process = trainer.start(*SMALL, "--experiment=ranks", "--learner_processes_per_policy=2",
                             f"--learner_master_port={free_port()}", "--train_for_env_steps=150000")
