@@ -144,3 +144,18 @@ def test_a_rendezvous_port_in_use_is_refused_in_one_line(trainer):
     assert (f"--learner_master_port={port - 1}: port {port} of 127.0.0.1, where policy 1's learner ranks meet, is "
             "taken") in result.stderr
     assert not pathlib.Path(trainer.train_dir, "refused").exists()
+
+
+def test_more_ranks_than_gpus_is_refused_in_one_line(monkeypatch):
+    """This machine has no GPU: the count the check reads is set (appo/preflight.py asks a child process for it)."""
+    from appo import preflight
+    from appo.config.cfg import ConfigError, make_config
+
+    monkeypatch.setattr(preflight, "cuda_device_count", lambda: 1)
+    cfg = make_config(env="CartPole-v1", learner_processes_per_policy=2, learner_master_port=free_port(),
+                      device="cuda")
+    with pytest.raises(ConfigError, match=r"^--learner_processes_per_policy=2: each rank on CUDA needs a GPU of its "
+                                          r"own and 1 are visible; use at most 1, or --device=cpu$"):
+        preflight.check_learner_ranks(cfg)
+    preflight.check_learner_ranks(make_config(env="CartPole-v1", learner_processes_per_policy=2,
+                                              learner_master_port=free_port(), device="cpu"))
