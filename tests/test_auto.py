@@ -100,20 +100,18 @@ def test_continuous_actions_drop_the_entropy_bonus(action, bonus):
     assert cfg.exploration_loss_coeff == 0.02
 
 
-@pytest.mark.parametrize("action,continuous", [("box", True), ("tuple", False), ("discrete", False)])
-def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp_and_the_wider_clip(action, continuous):
-    """Vectors only (images keep one CNN and the clip range); a given flag wins."""
-    for obs, expected in ((VECTOR, continuous), (IMAGE, False)):
+@pytest.mark.parametrize("action,separate", [("box", True), ("tuple", False), ("discrete", False)])
+def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separate):
+    """Vectors only (images keep one CNN); a given --actor_critic_share_weights wins."""
+    for obs, expected in ((VECTOR, separate), (IMAGE, False)):
         cfg, lines = auto.apply(cfg_of(), set(), info(obs, action=action))
-        assert (cfg.actor_critic_share_weights, cfg.ppo_clip_ratio) == ((False, 0.2) if expected else (True, 0.1))
-        assert any(line.startswith("auto: --actor_critic_share_weights=False --ppo_clip_ratio=0.2 (continuous "
-                                   "actions on vectors") for line in lines) == expected
+        assert cfg.actor_critic_share_weights == (not expected)
+        assert any(line.startswith("auto: --actor_critic_share_weights=False (continuous actions on vectors")
+                   for line in lines) == expected
     cfg, lines = auto.apply(cfg_of("--actor_critic_share_weights=True"), {"actor_critic_share_weights"},
                             info(VECTOR, action=action))
-    assert cfg.actor_critic_share_weights and cfg.ppo_clip_ratio == (0.2 if continuous else 0.1)
+    assert cfg.actor_critic_share_weights
     assert not any("actor_critic_share_weights" in line for line in lines)
-    cfg, _ = auto.apply(cfg_of("--ppo_clip_ratio=0.3"), {"ppo_clip_ratio"}, info(VECTOR, action=action))
-    assert cfg.ppo_clip_ratio == 0.3 and cfg.actor_critic_share_weights is not continuous
 
 
 def test_a_given_encoder_is_not_announced():
