@@ -35,7 +35,7 @@ from appo.envs.registry import EnvError, guarded_step_seconds, gym_spec, make_en
 from appo.utils.logs import log
 
 ENVPOOL_PREFIX = "envpool:"
-PROBE_SUB_ENVS = (16, 64)  # sub-envs a start-up measurement steps (sub_env_step_seconds)
+PROBE_SUB_ENVS = (16, 256)  # sub-envs a start-up measurement steps (sub_env_step_seconds)
 CHEAP_PROBE_S = 1e-4  # a sub-env step under this on the first is measured again on more sub-envs
 
 
