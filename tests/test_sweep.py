@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from appo.sweep.cli import main
 from appo.sweep.objectives import OBJECTIVES, TrialFailure
+from appo.sweep.scheduler import Scheduler
 from appo.sweep.space import load_sweep
 from tests.conftest import REPO, processes_mentioning, shm_entries, wait_for
 from tests.test_guides import leaked_segments
@@ -120,6 +121,16 @@ def test_objectives_read_result_json():
     assert OBJECTIVES["seconds_to_target"].value(reached) == (4.5, True)
     with pytest.raises(TrialFailure, match="no episode finished"):
         OBJECTIVES["final_reward"].value({**result, "stats": {}})
+
+
+@pytest.mark.parametrize("pruner, bound", [(optuna.pruners.MedianPruner(), 3000.0), (optuna.pruners.NopPruner(), None)])
+def test_a_to_target_study_prunes_by_cost_unless_its_pruner_is_none(tmp_path, pruner, bound):
+    study = optuna.create_study(direction="minimize", pruner=pruner)
+    for value, reached in ((5000.0, True), (3000.0, True), (2000.0, False)):  # the unreached one is no bound
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"reached": reached}))
+    sweep = load_sweep(write_sweep(tmp_path, flags={**CARTPOLE, "target_reward": 40.0}))
+    scheduler = Scheduler(study, sweep, [], OBJECTIVES["env_steps_to_target"], str(tmp_path), 3, 1, [])
+    assert scheduler.cost_bound() == bound
 
 
 def test_a_locked_database_is_refused_in_one_line(tmp_path, capsys):

@@ -115,8 +115,9 @@ class Scheduler:
                      params_text(params))
 
     def cost_bound(self) -> float | None:
-        """For a *_to_target objective, the least cost a finished trial needed to reach the target."""
-        if self.objective.cost is None:
+        """For a *_to_target objective, the least cost a finished trial needed to reach the target; None without a
+        cost objective or with `--pruner none` (no trial is stopped early, by either rule)."""
+        if self.objective.cost is None or isinstance(self.study.pruner, optuna.pruners.NopPruner):
             return None
         return min((trial.value for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                     if trial.user_attrs.get("reached")), default=None)
