@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from appo.sweep.cli import main
 from appo.sweep.objectives import OBJECTIVES, TrialFailure
 from appo.sweep.scheduler import Scheduler
 from appo.sweep.space import load_sweep
+from appo.sweep.trial import TrialRun
 from tests.conftest import REPO, processes_mentioning, shm_entries, wait_for
 from tests.test_guides import leaked_segments
 
@@ -131,6 +133,24 @@ def test_a_to_target_study_prunes_by_cost_unless_its_pruner_is_none(tmp_path, pr
     sweep = load_sweep(write_sweep(tmp_path, flags={**CARTPOLE, "target_reward": 40.0}))
     scheduler = Scheduler(study, sweep, [], OBJECTIVES["env_steps_to_target"], str(tmp_path), 3, 1, [])
     assert scheduler.cost_bound() == bound
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_completed_before_the_sweeps_signal_reached_it_is_complete(tmp_path):
+    # The pruner can decide at a run's last checkpoint while the trainer writes its last files: the SIGINT then ends
+    # a run that has completed, and the exit code is the signal's, not a failure of the run.
+    result = {"reason": "reached --train_for_env_steps=1000", "completed": True, "failed": False, "env_steps": 1024,
+              "seconds": 1.0, "stats": {"0": {"reward": 50.0}}, "best_rewards": {"0": 50.0}, "target": None}
+    exp_dir = tmp_path / "trial_0"
+    script = (f"import json, time; json.dump({result!r}, open({str(exp_dir / 'result.json')!r}, 'w')); "
+              "print('written', flush=True); time.sleep(60)")
+    run = TrialRun(optuna.create_study().ask(), [sys.executable, "-c", script], str(exp_dir),
+                   OBJECTIVES["final_reward"], [])
+    wait_for(lambda: "written" in (exp_dir / "output.txt").read_text(), 30, "the run's result.json")
+    run.stop("pruned at 1000 env steps")
+    assert run.process.wait(timeout=30) == -signal.SIGINT
+    ended = run.finish()
+    assert (ended.state, ended.value) == (TrialState.COMPLETE, 50.0), ended
 
 
 def test_a_locked_database_is_refused_in_one_line(tmp_path, capsys):

@@ -157,7 +157,10 @@ class TrialRun:
             return Ended(TrialState.FAIL, None, {**attrs, "reason": "the sweep stopped; re-enqueued"}, rerun=True)
         if self.stop_reason is not None and stopped_here:
             return Ended(TrialState.PRUNED, None, {**attrs, "reason": self.stop_reason})
-        if code != 0:
+        # A run that completed before the sweep's signal reached it (it was writing its last files): the exit code
+        # is the signal's, not a failure of the run.
+        signalled_after_completing = self.kill_at is not None and not stopped_here
+        if code != 0 and not signalled_after_completing:
             return Ended(TrialState.FAIL, None, {**attrs, "reason": self.error_line(code)})
         if result is None:
             return Ended(TrialState.FAIL, None, {**attrs, "reason": "the trainer wrote no result.json"})
