@@ -116,6 +116,20 @@ def test_symmetric_clip_range():
     assert losses.ppo_policy_loss(ratio, advantages, 0.1).item() == pytest.approx(-(1.1 - 1 / 1.1) / 2)
 
 
+def test_kl_penalty_estimates_the_kl_of_two_gaussians_from_the_behaviour_policys_actions():
+    torch.manual_seed(0)
+    behaviour = torch.distributions.Normal(torch.tensor([0.0, 0.5]), torch.tensor([1.0, 0.8]))
+    current = torch.distributions.Normal(torch.tensor([0.3, 0.2]), torch.tensor([0.7, 1.1]))
+    actions = behaviour.sample((200_000,))
+    log_ratio = (current.log_prob(actions) - behaviour.log_prob(actions)).sum(-1)
+    exact = torch.distributions.kl_divergence(behaviour, current).sum().item()
+    assert losses.kl_penalty(log_ratio).item() == pytest.approx(exact, rel=0.03)
+    # Per sample r - 1 - log r: 0 where the policy has not moved, never negative; the mask drops a sample.
+    log_ratio = torch.tensor([0.0, math.log(2.0), math.log(0.5)])
+    assert losses.kl_penalty(log_ratio).item() == pytest.approx((0 + (1 - math.log(2)) + (-0.5 + math.log(2))) / 3)
+    assert losses.kl_penalty(log_ratio, torch.tensor([1.0, 0.0, 0.0])).item() == 0.0
+
+
 def test_clipped_value_loss_hand_numbers():
     values = torch.tensor([3.0, 0.0, 1.2])
     old_values = torch.tensor([1.0, 0.0, 1.0])

@@ -1,6 +1,7 @@
 """Model: recurrent state handling, encoders and heads for every supported space, distributions; that the model
 agrees with the trajectory buffers (state size) and with the config (encoder names), and that an encoder learns."""
 
+import dataclasses
 import math
 
 import gymnasium as gym
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from appo.config.cfg import BUILT_IN_ENCODERS, build_parser, resolve
+from appo.config.hyperparams import Hyperparams
 from appo.learning.model import ENCODERS, ActionDistribution, ActorCritic, ImpalaResnet, NatureCnn
-from appo.learning.ppo import forward_trajectories
+from appo.learning.ppo import forward_trajectories, minibatch_loss
 from appo.memory.buffers import Layout
 from appo.spaces import action_layout, action_spec, to_env_action
 
@@ -329,3 +331,19 @@ def test_the_mlp_tanh_equals_torch_tanh_with_and_without_autograd(rows):
     grad_input = x.clone().requires_grad_(True)
     Tanh()(grad_input).sum().backward()
     assert torch.allclose(grad_input.grad, 1 - torch.tanh(x) ** 2, atol=1e-6)
+
+
+def test_kl_loss_coeff_adds_the_kl_penalty_to_the_loss():
+    torch.manual_seed(3)
+    cfg = make_cfg(actor_critic_share_weights=False)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    n, t = 4, 8
+    mb = {"obs": as_obs(torch.randn(n, t + 1, 3)), "rnn_states": torch.zeros(n, t + 1, model.state_size),
+          "dones": torch.zeros(n, t), "actions": torch.randn(n, t, 2), "log_probs": torch.randn(n, t) - 2.0,
+          "values": torch.zeros(n, t)}
+    advantages, targets = torch.randn(n, t), torch.randn(n, t)
+    loss, _, stats = minibatch_loss(model, cfg, Hyperparams.from_cfg(cfg), mb, advantages, targets)
+    penalised, _, _ = minibatch_loss(model, dataclasses.replace(cfg, kl_loss_coeff=0.5), Hyperparams.from_cfg(cfg), mb,
+                                     advantages, targets)
+    assert stats["kl"].item() > 0.1  # the behaviour log-probs are far from the model's
+    assert (penalised - loss).item() == pytest.approx(0.5 * stats["kl"].item(), rel=1e-5)

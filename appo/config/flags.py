@@ -311,6 +311,11 @@ class Config:
                                  "Exploration bonus: policy entropy, or symmetric KL to a uniform/standard-normal "
                                  "prior.", choices=("entropy", "symmetric_kl"))
     exploration_loss_coeff: float = flag(0.003, LEARNING, "Weight of the exploration loss.")
+    kl_loss_coeff: float = flag(0.0, LEARNING,
+                                "Weight of a penalty on the KL divergence of the policy from the behaviour policy, "
+                                "estimated from the sampled actions (mean of r - 1 - log r, r the probability ratio): "
+                                "it holds back the samples PPO's clip has stopped training. 0 turns it off.",
+                                valid="[0, inf)")
     value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.")
 
     # ---------------------------------------------------------------- population-based training (PBT)

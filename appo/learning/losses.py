@@ -73,6 +73,13 @@ def ppo_policy_loss(ratio: Tensor, advantages: Tensor, clip_ratio: float, mask: 
     return -masked_mean(surrogate, mask)
 
 
+def kl_penalty(log_ratio: Tensor, mask: Tensor | None = None) -> Tensor:
+    """KL(behaviour || current) estimated from actions the behaviour policy took: the mean of r - 1 - log r, with
+    r = exp(log_ratio) = pi(a) / mu(a). Each term is >= 0 and 0 where the policy has not moved; its expectation under
+    mu is the KL. Unlike the clipped surrogate, its gradient grows the further a sample's ratio has gone."""
+    return masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+
+
 def clipped_value_loss(values: Tensor, old_values: Tensor, targets: Tensor, clip_value: float,
                        mask: Tensor | None = None) -> Tensor:
     """0.5 * max of the plain and the clipped squared error; values move at most clip_value from old_values."""

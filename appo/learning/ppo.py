@@ -120,7 +120,8 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
     params, values = forward_trajectories(model, cfg.recurrence, mb)
     dist = model.distribution(params)
     log_probs = dist.log_prob(mb["actions"])
-    ratio = torch.exp(log_probs - mb["log_probs"])
+    log_ratio = log_probs - mb["log_probs"]
+    ratio = torch.exp(log_ratio)
     mask = mb.get("mask")
     if cfg.with_vtrace:
         targets, advantages = losses.vtrace(
@@ -138,6 +139,9 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
     else:
         exploration_loss = losses.masked_mean(dist.symmetric_kl_to_prior(), mask)
     loss = policy_loss + hp.value_loss_coeff * value_loss + hp.exploration_loss_coeff * exploration_loss
+    kl_loss = losses.kl_penalty(log_ratio, mask)
+    if cfg.kl_loss_coeff > 0:
+        loss = loss + cfg.kl_loss_coeff * kl_loss
 
     with torch.no_grad():
         low, high = 1.0 / (1.0 + hp.ppo_clip_ratio), 1.0 + hp.ppo_clip_ratio
@@ -147,7 +151,7 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
             "value_loss": value_loss,
             "exploration_loss": exploration_loss,
             "entropy": entropy,
-            "kl": losses.masked_mean(mb["log_probs"] - log_probs, mask),
+            "kl": kl_loss,
             "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), mask),
             "values": losses.masked_mean(values, mask),
             "value_targets": losses.masked_mean(targets, mask),
