@@ -131,6 +131,7 @@ class LearnerConfig(ModelFlags):
     adam_beta1: float
     adam_beta2: float
     exploration_loss: str
+    kl_loss_coeff: float
     save_every_sec: float
     keep_checkpoints: int
     self_play_opponents: int
