@@ -175,9 +175,10 @@ def test_batched_runs_measure_a_sub_env_step():
     python_loop = sub_env_step_seconds("sleep_env", {"step_seconds": 0.001})  # a SyncVectorEnv: one after another
     assert vectorised < auto.FAST_SUB_ENV_S
     assert 0.001 <= python_loop < 0.01
-    if importlib.util.find_spec("envpool"):  # the rule's two sides, each with room for a machine 2.5x slower or faster
-        assert sub_env_step_seconds("envpool:Acrobot-v1") < auto.FAST_SUB_ENV_S / 2
-        assert sub_env_step_seconds("envpool:InvertedPendulum-v4") > auto.FAST_SUB_ENV_S * 2
+    if importlib.util.find_spec("envpool"):  # the rule's two sides: classic control batched, MuJoCo not
+        fast, slow = sub_env_step_seconds("envpool:Acrobot-v1"), sub_env_step_seconds("envpool:InvertedPendulum-v4")
+        assert fast < auto.FAST_SUB_ENV_S < slow
+        assert slow > 3 * fast  # far apart on any machine: a slower one scales both (measured 2.4-4.5 us, 24-28 us)
     # Start-up measures the vectorised step only where it is native; a SyncVectorEnv's sub-env costs a per-env step.
     assert natively_vectorised("CartPole-v1") and natively_vectorised("envpool:CartPole-v1")
     assert not natively_vectorised("sleep_env") and not natively_vectorised("Acrobot-v1")

@@ -55,7 +55,7 @@ COSTLY_STEP_S = 1e-4
 INFERENCE_BATCH = 32
 ENVS_PER_SPLIT = (4, 16)  # the bounds of that sizing
 COSTLY_ACTOR_NICENESS = 5
-FAST_SUB_ENV_S = 8e-6  # classic control measures 1-3 us, EnvPool's MuJoCo 24 us and up (256 sub-envs, 2026-11-26)
+FAST_SUB_ENV_S = 8e-6  # classic control measures 1-5 us, EnvPool's MuJoCo 24 us and up (256 sub-envs)
 FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
 FAST_BATCHED_ENVS_PER_SPLIT = 32
 
