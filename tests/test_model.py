@@ -347,3 +347,56 @@ def test_kl_loss_coeff_adds_the_kl_penalty_to_the_loss():
                                      advantages, targets)
     assert stats["kl"].item() > 0.1  # the behaviour log-probs are far from the model's
     assert (penalised - loss).item() == pytest.approx(0.5 * stats["kl"].item(), rel=1e-5)
+
+
+def stale_minibatch(model: ActorCritic, n: int = 4, t: int = 8) -> dict:
+    """Trajectories whose actions a policy some updates older than `model` took: its log-probs are the model's plus
+    noise."""
+    mb = {"obs": as_obs(torch.randn(n, t + 1, 3)), "rnn_states": torch.zeros(n, t + 1, model.state_size),
+          "dones": torch.zeros(n, t), "actions": torch.randn(n, t, 2), "values": torch.zeros(n, t)}
+    with torch.no_grad():
+        params, _ = forward_trajectories(model, t, mb)
+        current = model.distribution(params).log_prob(mb["actions"])
+    mb["log_probs"] = current + 0.5 * torch.randn(n, t)
+    return mb
+
+
+def test_the_iterations_proximal_policy_moves_the_clip_and_weights_the_advantages():
+    """--proximal_policy=iteration: the ratio is taken to the log-probs of the iteration's start (here the current
+    weights: no sample clipped, no KL), and each advantage is weighted by proximal / behaviour; with the proximal
+    log-probs equal to the behaviour's the loss is the classic one."""
+    from appo.learning.ppo import proximal_log_probs
+
+    torch.manual_seed(5)
+    cfg = make_cfg(actor_critic_share_weights=False)
+    hp = Hyperparams.from_cfg(cfg)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    mb = stale_minibatch(model)
+    advantages, targets = torch.randn(4, 8), torch.randn(4, 8)
+    _, _, classic = minibatch_loss(model, cfg, hp, mb, advantages, targets)
+    assert classic["clip_fraction"].item() > 0.3
+
+    proximal = proximal_log_probs(model, cfg.recurrence, mb)
+    _, _, decoupled = minibatch_loss(model, cfg, hp, mb | {"proximal_log_probs": proximal}, advantages, targets)
+    weights = torch.exp(proximal - mb["log_probs"])
+    assert decoupled["clip_fraction"].item() == 0.0 and decoupled["kl"].item() == pytest.approx(0.0, abs=1e-6)
+    assert decoupled["policy_loss"].item() == pytest.approx(-(weights * advantages).mean().item(), rel=1e-5)
+
+    same, _, _ = minibatch_loss(model, cfg, hp, mb | {"proximal_log_probs": mb["log_probs"]}, advantages, targets)
+    loss, _, _ = minibatch_loss(model, cfg, hp, mb, advantages, targets)
+    assert same.item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("proximal_policy", ["behaviour", "iteration"])
+def test_an_iterations_first_minibatch_clips_stale_samples_only_when_measured_from_the_behaviour_policy(
+        proximal_policy):
+    from appo.learning.ppo import ppo_updates
+
+    torch.manual_seed(6)
+    cfg = make_cfg(actor_critic_share_weights=False, proximal_policy=proximal_policy, num_batches_per_iteration=1,
+                   ppo_epochs=1, normalize_input=False)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    (stats,) = list(ppo_updates(model, optimizer, cfg, Hyperparams.from_cfg(cfg), batch))
+    assert (stats["clip_fraction"] > 0.3) == (proximal_policy == "behaviour")

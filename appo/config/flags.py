@@ -316,6 +316,14 @@ class Config:
                                 "estimated from the sampled actions (mean of r - 1 - log r, r the probability ratio): "
                                 "it holds back the samples PPO's clip has stopped training. 0 turns it off.",
                                 valid="[0, inf)")
+    proximal_policy: str = flag("behaviour", LEARNING,
+                                "The policy PPO's clip range is measured from. behaviour: the one that acted (the "
+                                "classic ratio; in an asynchronous run its weights are up to --max_policy_lag "
+                                "versions old, so part of the clip range is spent before an iteration starts). "
+                                "iteration: the weights at the start of the iteration (one more forward pass over its "
+                                "samples), the gap from the behaviour policy corrected by an importance weight "
+                                "(decoupled PPO, Hilton et al. 2021). With --with_vtrace=True it is behaviour.",
+                                choices=("behaviour", "iteration"))
     value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.")
 
     # ---------------------------------------------------------------- population-based training (PBT)

@@ -132,6 +132,7 @@ class LearnerConfig(ModelFlags):
     adam_beta2: float
     exploration_loss: str
     kl_loss_coeff: float
+    proximal_policy: str
     save_every_sec: float
     keep_checkpoints: int
     self_play_opponents: int

@@ -75,6 +75,14 @@ def bootstrap_values(model: ActorCritic, batch: dict[str, Any]) -> Tensor:
     return bootstrap[:, 0]
 
 
+@torch.no_grad()
+def proximal_log_probs(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> Tensor:
+    """Log-probabilities [n, T] of the batch's actions under the current weights, taken once at the start of an
+    iteration (--proximal_policy=iteration): the policy its clip range is then measured from."""
+    params, _ = forward_trajectories(model, recurrence, batch)
+    return model.distribution(params).log_prob(batch["actions"])
+
+
 def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                mb: dict[str, Any], advantages: Tensor | None, targets: Tensor | None,
                ranks: RankGroup | None = None) -> dict[str, float] | None:
@@ -120,9 +128,12 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
     params, values = forward_trajectories(model, cfg.recurrence, mb)
     dist = model.distribution(params)
     log_probs = dist.log_prob(mb["actions"])
-    log_ratio = log_probs - mb["log_probs"]
+    proximal = mb.get("proximal_log_probs")
+    log_ratio = log_probs - (mb["log_probs"] if proximal is None else proximal)
     ratio = torch.exp(log_ratio)
     mask = mb.get("mask")
+    if proximal is not None:  # the surrogate's expectation is over the behaviour policy's actions
+        advantages = advantages * torch.exp(proximal - mb["log_probs"])
     if cfg.with_vtrace:
         targets, advantages = losses.vtrace(
             mb["log_probs"], log_probs.detach(), mb["rewards"], mb["dones"], values.detach(), mb["bootstrap"],
@@ -208,6 +219,8 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
+    if cfg.proximal_policy == "iteration" and not cfg.with_vtrace:
+        batch["proximal_log_probs"] = proximal_log_probs(model, cfg.recurrence, batch)
     advantages = targets = None
     if not cfg.with_vtrace:
         advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"], batch["bootstrap"],
