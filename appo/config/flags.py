@@ -1,4 +1,5 @@
-"""The flag table: every flag of `python -m appo.train`, defined once, as a field of the frozen `Config`.
+"""The flag table: every flag of `python -m appo.train`, defined once, as a field of the frozen `Config` (written in
+four groups it inherits, each a short read).
 
 A field's annotation is the flag's type; its `flag(...)` gives the default, the `--help` group and text, the
 Sample Factory aliases, the choices and the valid range. appo/config/cfg.py makes the parser and `--help` from
@@ -100,9 +101,8 @@ def pbt_bounds() -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config:
-    """Every flag of a run, typed, after parsing, validation, resume, the env's defaults and `resolve`
-    (appo/config/cfg.py). Each field's `flag(...)` says what it does; `python -m appo.train --help` prints it."""
+class RunFlags:
+    """The experiment (which env, where its files go) and how it samples: workers, envs, inference."""
 
     # ---------------------------------------------------------------- experiment
     env: str = flag(REQUIRED, EXPERIMENT,
@@ -236,6 +236,11 @@ class Config:
                                "Trajectories collected by a policy more than this many versions old are dropped and "
                                "counted.", valid="[0, inf)")
 
+
+@dataclass(frozen=True, kw_only=True)
+class LearningFlags:
+    """The model and how the learner trains it."""
+
     # ---------------------------------------------------------------- model
     encoder: str = flag("auto", MODEL,
                         "Observation encoder: auto (mlp for vectors; for images nature_cnn, or small_cnn (3x3 "
@@ -326,6 +331,11 @@ class Config:
                                 choices=("behaviour", "iteration"))
     value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.")
 
+
+@dataclass(frozen=True, kw_only=True)
+class PopulationFlags:
+    """Several policies: population-based training, multi-agent envs and self-play."""
+
     # ---------------------------------------------------------------- population-based training (PBT)
     with_pbt: bool = flag(False, PBT,
                           "Evolve the --num_policies policies while they train: every period, a policy ranked in the "
@@ -414,6 +424,11 @@ class Config:
                                             "rather than a snapshot drawn uniformly from its pool (always the latest "
                                             "self until the first snapshot exists).", valid="[0, 1]")
 
+
+@dataclass(frozen=True, kw_only=True)
+class OutputFlags:
+    """When a run stops and what it leaves: benchmarking, checkpoints, reports, evaluation, trackers."""
+
     # ---------------------------------------------------------------- benchmarking
     benchmark: bool = flag(False, BENCHMARK,
                            "Run a fixed budget and print a throughput table (frames/s, time shares, bottleneck); also "
@@ -500,6 +515,14 @@ class Config:
     mlflow_experiment: str | None = flag(None, TRACKING,
                                          "MLflow experiment that holds the run; default: the name of the --train_dir "
                                          "folder, so the experiments of one train_dir are runs side by side.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(OutputFlags, PopulationFlags, LearningFlags, RunFlags):
+    """Every flag of a run, typed, after parsing, validation, resume, the env's defaults and `resolve`
+    (appo/config/cfg.py). Each field's `flag(...)` says what it does; `python -m appo.train --help` prints it. The
+    fields are those of the four groups above; a dataclass takes its bases' fields from the last base to the first,
+    so they run from --env to the trackers."""
 
 
 # Accepted on the command line only and never saved: Sample Factory's spelling of --restart.
