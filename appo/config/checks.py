@@ -151,6 +151,13 @@ def check_learner_ranks(cfg: Any) -> None:
                           "before the shares (GAE); --with_vtrace=True computes them per minibatch: use 1 with it")
 
 
+def check_proximal_policy(cfg: Any) -> None:
+    if cfg.proximal_policy == "iteration" and cfg.with_vtrace:
+        raise ConfigError("--proximal_policy=iteration weights GAE's advantages by proximal / behaviour probability; "
+                          "--with_vtrace=True corrects for the behaviour policy itself: use "
+                          "--proximal_policy=behaviour with it")
+
+
 def check_recurrence(cfg: Any) -> None:
     if cfg.recurrence != -1 and (cfg.recurrence <= 0 or cfg.rollout % cfg.recurrence != 0):
         raise ConfigError(f"--recurrence={cfg.recurrence} must be -1 or a positive divisor of --rollout={cfg.rollout}")
@@ -241,8 +248,8 @@ def check_experiment_name(cfg: Any) -> None:
 
 
 CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inference_workers, check_splits, check_batch,
-          check_lr_schedule, check_learner_ranks, check_recurrence, check_population, check_perturb_factors,
-          check_self_play, check_policy_mapping,
+          check_lr_schedule, check_learner_ranks, check_proximal_policy, check_recurrence, check_population,
+          check_perturb_factors, check_self_play, check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
           check_encoder, check_experiment_name, check_trackers_installed,
           wandb_tags)  # --wandb_tags parses to a list of tags

@@ -327,7 +327,7 @@ class LearningFlags:
                                 "versions old, so part of the clip range is spent before an iteration starts). "
                                 "iteration: the weights at the start of the iteration (one more forward pass over its "
                                 "samples), the gap from the behaviour policy corrected by an importance weight "
-                                "(decoupled PPO, Hilton et al. 2021). With --with_vtrace=True it is behaviour.",
+                                "(decoupled PPO, Hilton et al. 2021). GAE only (--with_vtrace=False).",
                                 choices=("behaviour", "iteration"))
     value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.")
 

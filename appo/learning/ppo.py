@@ -219,7 +219,7 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
-    if cfg.proximal_policy == "iteration" and not cfg.with_vtrace:
+    if cfg.proximal_policy == "iteration":  # GAE only (appo/config/checks.py)
         batch["proximal_log_probs"] = proximal_log_probs(model, cfg.recurrence, batch)
     advantages = targets = None
     if not cfg.with_vtrace:
