@@ -24,9 +24,11 @@ For each cell: the mean return of the last 100 training episodes at the budget (
 final status, whose mean is over the run's last `--stats_avg` episodes, a resumed session's included: the trainer
 keeps them in episodes.json), a deterministic evaluation of the final checkpoint with `python -m appo.enjoy
 --deterministic` (Sample Factory's and RL Zoo's measure), env steps, wall time, env steps/s, the machine, the date
-and the commit. docs/benchmarks.md has a section per table, written again after every cell from all finished cells
-under --train_dir, with the published numbers (PUBLISHED, with their sources) beside them;
-docs/benchmarks_<table>.png has a panel of learning curves per task.
+and the commit. Every finished cell is copied with its learning curve into --results (docs/benchmark_results, to
+commit: a table outlives the machine and train dir it ran in), one file per cell and kind of machine; a cell kept
+there for this kind of machine is not run again. docs/benchmarks.md has a section per table, written again after
+every cell from the kept cells, a row per run and machine, with the published numbers (PUBLISHED, with their
+sources) beside them; docs/benchmarks_<table>.png has a panel of learning curves per task.
 """
 
 from __future__ import annotations
@@ -138,6 +140,8 @@ PUBLISHED: dict[str, list[Published]] = {
 }
 
 RESULT = "benchmark_result.json"  # a finished cell's numbers, in its experiment dir
+RESULTS = os.path.join(REPO, "docs", "benchmark_results")  # every finished cell's numbers and curve, kept in git
+CURVE_KEPT = 300  # points of a cell's learning curve kept with its numbers
 SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, commit
 STATS_AVG = 100  # episodes in the final mean return (CleanRL-style "last 100 episodes")
 CURVE_POINTS = 500_000  # env steps per second of summaries interval: a few hundred points a run, 1 to 30 s apart
@@ -231,6 +235,48 @@ def write_json(path: str, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=2) + "\n")
 
 
+# ---------------------------------------------------------------- the results kept in the repository
+def machine_slug(machine_name: str) -> str:
+    """The machine in a file name: 'AMD EPYC (AVX2), 2 CPUs' -> 'amd-epyc-avx2-2-cpus'."""
+    return re.sub(r"[^a-z0-9]+", "-", machine_name.lower().replace("(r)", "")).strip("-")
+
+
+def kept_path(results_dir: str, table: str, experiment: str, machine_name: str) -> str:
+    """One file per cell and kind of machine: the same cell measured on another CPU adds a row, replaces nothing."""
+    return os.path.join(results_dir, table, f"{experiment}@{machine_slug(machine_name)}.json")
+
+
+def kept_curve(exp_dir: str) -> dict | None:
+    """The cell's learning curve (mean return of the last 100 episodes over env steps), at most CURVE_KEPT points
+    spread evenly over the run; None when its summaries are gone."""
+    from appo.config.cfg import ConfigError
+    from appo.tools.plot import read_curve
+
+    try:
+        steps, rewards = read_curve(exp_dir, "episode/reward", 0, "env_steps")
+    except ConfigError:
+        return None
+    count = min(CURVE_KEPT, len(steps))
+    picked = sorted({round(i * (len(steps) - 1) / max(1, count - 1)) for i in range(count)})
+    return {"env_steps": [int(steps[i]) for i in picked], "reward": [round(float(rewards[i]), 3) for i in picked]}
+
+
+def keep(result: dict, exp_dir: str, results_dir: str) -> str:
+    """Copy a finished cell's numbers and curve into the results folder (docs/benchmark_results, committed with the
+    code), where the report reads them: a table outlives the machine and the train dir its cells ran in."""
+    path = kept_path(results_dir, result["table"], result["experiment"], result["machine"])
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json(path, {**result, "curve": kept_curve(exp_dir)})
+    return path
+
+
+def keep_finished(train_dir: str, results_dir: str) -> None:
+    """Keep every finished cell under train_dir that the results folder does not hold yet."""
+    for path in sorted(glob.glob(os.path.join(train_dir, "*", "*", RESULT))):
+        keep(read_json(path, None), os.path.dirname(path), results_dir)
+
+
 # ---------------------------------------------------------------- running cells
 class Stop:
     """Ctrl-C or SIGTERM: the trainer (or enjoy) is asked to stop with SIGINT (the trainer saves a checkpoint),
@@ -319,11 +365,17 @@ def result_of(cell: Cell, evaluation: dict) -> dict:
             "experiment": cell.name, "flags": cell.flags()}
 
 
-def run_cell(cell: Cell, eval_episodes: int) -> str:
-    """Finish the cell: 'kept' (finished before), 'done', 'stopped' or 'failed'."""
+def run_cell(cell: Cell, eval_episodes: int, results_dir: str) -> str:
+    """Finish the cell: 'kept' (finished before, here or in the results folder on this kind of machine), 'done',
+    'stopped' or 'failed'."""
     result_path = os.path.join(cell.exp_dir, RESULT)
     if os.path.exists(result_path):
-        print(f"{cell.table} {cell.name}: finished before, kept ({result_path})", flush=True)
+        kept = keep(read_json(result_path, None), cell.exp_dir, results_dir)
+        print(f"{cell.table} {cell.name}: finished before, kept ({result_path}; {kept})", flush=True)
+        return "kept"
+    kept = kept_path(results_dir, cell.table, cell.name, machine())
+    if os.path.exists(kept):
+        print(f"{cell.table} {cell.name}: finished before on this kind of machine, kept ({kept})", flush=True)
         return "kept"
     if not os.path.exists(os.path.join(cell.exp_dir, "done")):  # else trained already, only the evaluation is due
         outcome = train(cell)
@@ -334,6 +386,7 @@ def run_cell(cell: Cell, eval_episodes: int) -> str:
         return "stopped" if Stop.requested else "failed"
     result = result_of(cell, evaluation)
     write_json(result_path, result)
+    keep(result, cell.exp_dir, results_dir)
     final = ("no finished episode" if result["final_reward"] is None else
              f"last {result['final_episodes']} episodes {result['final_reward']:.2f}")
     print(f"{cell.table} {cell.name}: {final}, "
@@ -343,8 +396,8 @@ def run_cell(cell: Cell, eval_episodes: int) -> str:
 
 
 # ---------------------------------------------------------------- the report
-def results(train_dir: str, table: str) -> list[dict]:
-    return [read_json(path, None) for path in sorted(glob.glob(os.path.join(train_dir, table, "*", RESULT)))]
+def results(results_dir: str, table: str) -> list[dict]:
+    return [read_json(path, None) for path in sorted(glob.glob(os.path.join(results_dir, table, "*.json")))]
 
 
 def number(value: float, like: float | None = None) -> str:
@@ -356,13 +409,33 @@ def plus_minus(value: float, spread: float | None) -> str:
     return number(value) + ("" if spread is None else f" ± {number(spread, like=value)}")
 
 
+def seeds_text(mean: float, spread: float | None, seeds: int) -> str:
+    return f"{number(mean)} (n=1)" if seeds == 1 else f"{plus_minus(mean, spread)} (n={seeds})"
+
+
 def over_seeds(values: list[float]) -> str:
     """Mean ± std over seeds, with the number of seeds."""
     if not values:
         return "-"
-    if len(values) == 1:
-        return f"{number(values[0])} (n=1)"
-    return f"{plus_minus(statistics.mean(values), statistics.stdev(values))} (n={len(values)})"
+    return seeds_text(statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
+
+
+def measured(cells: list[dict]) -> tuple[str, str, float, float | None]:
+    """A row's returns (last 100 episodes, deterministic eval), wall time and env steps/s: over its cells' seeds, or
+    from a record of seeds pooled before cells were kept one by one (its `pooled`: the table's earliest rows)."""
+    if "pooled" in cells[0]:
+        pooled = cells[0]["pooled"]
+        seeds = pooled["seeds"]
+        return (seeds_text(*pooled["final_reward"], seeds), seeds_text(*pooled["eval_reward"], seeds),
+                pooled["wall_s"], pooled["env_steps_per_s"])
+    finals = [r["final_reward"] for r in cells if r["final_reward"] is not None]
+    rates = [r["env_steps_per_s"] for r in cells if r["env_steps_per_s"]]
+    return (over_seeds(finals), over_seeds([r["eval"]["reward"] for r in cells]),
+            statistics.mean(r["wall_s"] for r in cells), statistics.mean(rates) if rates else None)
+
+
+def seed_count(result: dict) -> int:
+    return result["pooled"]["seeds"] if "pooled" in result else 1
 
 
 def run_label(result: dict) -> str:
@@ -373,8 +446,8 @@ def run_label(result: dict) -> str:
 
 
 def rows(table: str, found: list[dict]) -> list[str]:
-    """One row per task and run (the defaults, then each variant), seeds pooled; a task without cells shows the
-    published numbers only."""
+    """One row per task, run (the defaults, then each variant) and kind of machine, seeds pooled; a task without
+    cells shows the published numbers only."""
     published = PUBLISHED.get(table, [])
     header = ["task", "run", "last 100 episodes", "deterministic eval", "wall time a run", "env steps/s",
               "commit, date", "machine", *(p.name for p in published)]
@@ -382,32 +455,30 @@ def rows(table: str, found: list[dict]) -> list[str]:
     for env in TABLES[table].tasks:
         task = short_name(env)
         mine = [r for r in found if r["env"] == env]
-        groups: dict[str, list[dict]] = {}
-        for result in sorted(mine, key=lambda r: (r["steps_scale"] != 1, bool(r["extra_flags"]), r["seed"])):
-            groups.setdefault(run_label(result), []).append(result)
+        groups: dict[tuple[str, str, bool], list[dict]] = {}  # a pooled record is a row of its own
+        for result in sorted(mine, key=lambda r: (r["steps_scale"] != 1, bool(r["extra_flags"]), r["machine"],
+                                                  r.get("seed", -1))):
+            groups.setdefault((run_label(result), result["machine"], "pooled" in result), []).append(result)
         theirs = [plus_minus(*p.values[task]) if task in p.values else "-" for p in published]
         if not groups:
             lines.append("| " + " | ".join([task, "not run yet", "-", "-", "-", "-", "-", "-", *theirs]) + " |")
-        for label, cells in groups.items():
-            finals = [r["final_reward"] for r in cells if r["final_reward"] is not None]
-            final = over_seeds(finals) + (" †" if any((r["final_episodes"] or 0) < STATS_AVG for r in cells) else "")
-            evals = over_seeds([r["eval"]["reward"] for r in cells])
-            walls = statistics.mean(r["wall_s"] for r in cells)
-            rates = [r["env_steps_per_s"] for r in cells if r["env_steps_per_s"]]
+        for (label, machine_name, _), cells in groups.items():
+            final, evals, wall, rate = measured(cells)
+            if any((r["final_episodes"] or 0) < STATS_AVG for r in cells):
+                final += " †"
             when = ", ".join(sorted({c for r in cells for c in r["commits"]})) + ", " + \
                 " to ".join(sorted({min(r["date"] for r in cells), max(r["date"] for r in cells)}))
-            machines = "; ".join(sorted({r["machine"] for r in cells}))
-            lines.append("| " + " | ".join([task, label, final, evals, duration(walls),
-                                            si(statistics.mean(rates)) if rates else "-", when, machines, *theirs])
-                         + " |")
+            lines.append("| " + " | ".join([task, label, final, evals, duration(wall), si(rate) if rate else "-", when,
+                                            machine_name, *theirs]) + " |")
     return lines
 
 
 def section(table: str, found: list[dict], png: str | None) -> str:
     spec = TABLES[table]
-    eval_episodes = sorted({r["eval"]["episodes"] for r in found})
+    eval_episodes = sorted({r["pooled"]["eval_episodes"] if "pooled" in r else r["eval"]["episodes"] for r in found})
+    cells = sum(map(seed_count, found))
     text = [f"## {table}: {spec.env_steps:,} env steps", "",
-            f"`python scripts/benchmark.py {table} --seeds N`; finished cells: {len(found)}. {spec.steps_note}", "",
+            f"`python scripts/benchmark.py {table} --seeds N`; finished cells: {cells}. {spec.steps_note}", "",
             *rows(table, found), "",
             "Ours: *last 100 episodes* is the mean return of the last 100 training episodes at the budget (the "
             "trainer's final status), mean ± std over seeds; *deterministic eval* is `python -m appo.enjoy "
@@ -416,6 +487,11 @@ def section(table: str, found: list[dict], png: str | None) -> str:
             "the sittings of a resumed run, mean over seeds; *env steps/s* is env steps over that wall time."]
     for p in PUBLISHED.get(table, []):
         text.append(f"- {p.name}: {p.measure}. Source: {p.source}.")
+    noted: dict[tuple[str, str], list[str]] = {}
+    for result in found:
+        if "note" in result:
+            noted.setdefault((result["note"], result["machine"]), []).append(result["task"])
+    text += [f"- {', '.join(tasks)} on {machine_name}: {note}." for (note, machine_name), tasks in noted.items()]
     short = [r for r in found if (r["final_episodes"] or 0) < STATS_AVG]
     if short:
         text.append("- †: fewer than 100 episodes in a seed's final mean (a short run, or one resumed by a trainer "
@@ -426,44 +502,55 @@ def section(table: str, found: list[dict], png: str | None) -> str:
     return "\n".join(text) + "\n"
 
 
-def curves(table: str, found: list[dict], train_dir: str, out: str) -> None:
-    """One panel per task with finished cells: each run's curve (mean of seeds, range shaded; appo.plot's draw)
-    and the published numbers as dashed lines."""
-    from appo.config.cfg import ConfigError
-    from appo.tools.plot import draw, panels
+def curves(table: str, found: list[dict], out: str) -> None:
+    """One panel per task with a kept curve: each row's curves (mean of seeds, range shaded) and the published
+    numbers as dashed lines."""
+    from appo.tools.plot import mean_and_range, panels
 
     def draw_task(ax, env: str) -> None:
-        try:
-            draw(ax, [os.path.join(train_dir, table, r["experiment"]) for r in found if r["env"] == env])
-        except ConfigError as exc:  # a run without summaries (moved, deleted): the table still has its numbers
-            ax.text(0.5, 0.5, "no curve: " + str(exc).split(";")[0][-70:], transform=ax.transAxes, ha="center",
-                    fontsize=6)
+        groups: dict[str, list[dict]] = {}
+        for result in found:
+            if result["env"] == env and result.get("curve"):
+                label = f"{run_label(result).replace('`', '').replace('**', '')}, {result['machine'].split(' (')[0]}"
+                groups.setdefault(label, []).append(result["curve"])
+        for label, kept in groups.items():
+            grid, mean, low, high = mean_and_range([(c["env_steps"], c["reward"]) for c in kept])
+            (line,) = ax.plot(grid, mean, label=f"{label} (n={len(kept)})")
+            if len(kept) > 1:
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         for style, p in zip(("--", "-.", ":"), PUBLISHED.get(table, [])):
             if short_name(env) in p.values:
                 ax.axhline(p.values[short_name(env)][0], color="grey", linestyle=style, linewidth=1,
                            label=f"{p.name}: {number(p.values[short_name(env)][0])}")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
         ax.set_title(short_name(env))
+        ax.set_xlabel("env steps")
         ax.set_ylabel("mean return, last 100 episodes")
 
-    panels([env for env in TABLES[table].tasks if any(r["env"] == env for r in found)], out, draw_task)
+    panels([env for env in TABLES[table].tasks if any(r["env"] == env and r.get("curve") for r in found)], out,
+           draw_task)
 
 
-def write_report(train_dir: str, out: str) -> str:
-    """docs/benchmarks.md (a section per table) and a PNG per table with finished cells, from every result file
-    under train_dir: cells finished in any sitting, by any command, all count."""
+def write_report(train_dir: str, results_dir: str, out: str) -> str:
+    """docs/benchmarks.md (a section per table) and a PNG per table with finished cells, from the results folder
+    after keeping there every cell that finished under train_dir: cells of any sitting, machine or command count."""
+    keep_finished(train_dir, results_dir)
     os.makedirs(out, exist_ok=True)
     sections = []
     for table in TABLES:
-        found = results(train_dir, table)
-        png = os.path.join(out, f"benchmarks_{table}.png") if found else None
+        found = results(results_dir, table)
+        png = os.path.join(out, f"benchmarks_{table}.png") if any(r.get("curve") for r in found) else None
         if png:
-            curves(table, found, train_dir, png)
+            curves(table, found, png)
         sections.append(section(table, found, png))
+    shown = os.path.relpath(results_dir, REPO) if results_dir.startswith(REPO + os.sep) else results_dir
     path = os.path.join(out, "benchmarks.md")
     atomic_write_text(path, "# Benchmarks at the standard budgets\n\nWritten by `scripts/benchmark.py` from the "
-                      f"finished cells under `{train_dir}` (each cell's `{RESULT}`); do not edit by hand. How to run "
-                      "the tables: [benchmarking.md](benchmarking.md#the-benchmark-tables).\n\n" + "\n".join(sections))
+                      f"finished cells kept in `{shown}` (a JSON file per cell and kind of machine: its numbers, "
+                      "commands and learning curve); do not edit by hand. How to run the tables: "
+                      "[benchmarking.md](benchmarking.md#the-benchmark-tables).\n\n" + "\n".join(sections))
     return path
 
 
@@ -487,6 +574,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="Seeds 0..N-1 of every task.")
     parser.add_argument("--train_dir", default="train_dir/benchmark", help="The cells' runs: TRAIN_DIR/TABLE/CELL.")
     parser.add_argument("--out", default="docs", help="Folder for benchmarks.md and benchmarks_<table>.png.")
+    parser.add_argument("--results", default=RESULTS, help="Folder where each finished cell's numbers and curve are "
+                                                            "kept (committed with the code: docs/benchmark_results).")
     parser.add_argument("--steps_scale", type=float, default=1.0,
                         help="Multiplies the budget: a quick look, in cells of its own, marked as such.")
     parser.add_argument("--extra_flags", default="", help="Trainer flags for an A/B, kept in the cells' names.")
@@ -506,7 +595,7 @@ def main() -> int:
     if clashing:
         parser.error(f"--extra_flags: {' '.join(clashing)} is set by the cell itself")
     if args.report:
-        print(f"report: {write_report(args.train_dir, args.out)}", flush=True)
+        print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
         return 0
     tasks = pick_tasks(args.table, args.tasks, parser)
     Stop.install()
@@ -514,15 +603,15 @@ def main() -> int:
     cells = [Cell(args.table, env, seed, extra, args.steps_scale, args.train_dir)
              for seed in range(args.seeds) for env in tasks]  # a seed of every task first: the table fills evenly
     for cell in cells:
-        outcome = run_cell(cell, args.eval_episodes)
+        outcome = run_cell(cell, args.eval_episodes, args.results)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         if outcome == "done" or Stop.requested:  # after every finished cell: a table filled over days reads well
-            print(f"report: {write_report(args.train_dir, args.out)}", flush=True)
+            print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
         if outcome == "stopped":  # Ctrl-C, SIGTERM, or the trainer stopped from outside: no further cell
             Stop.requested = True
             break
     if "done" not in outcomes:  # nothing new: the report still shows the finished cells of --train_dir
-        print(f"report: {write_report(args.train_dir, args.out)}", flush=True)
+        print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
     counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
     print(f"{args.table}: {len(cells)} cells; {counts}", flush=True)
     if Stop.requested:

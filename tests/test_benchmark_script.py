@@ -1,10 +1,12 @@
 """scripts/benchmark.py, the tables at the standard budgets: one short Hopper cell interrupted after its first
-trained checkpoint, resumed by the same command and finished (result file, Markdown row, curves), then kept by a
-third run that starts no trainer; the report's rows and a hard-cut segment's end from recorded results."""
+trained checkpoint, resumed by the same command and finished (result file, Markdown row, curves), kept by a third
+run that starts no trainer, and reported again from the results folder alone once its train dir is gone; the
+report's rows (per run and kind of machine, pooled records) and a hard-cut segment's end from recorded results."""
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,10 +41,10 @@ def wait_for_trained_checkpoint(exp_dir, process: subprocess.Popen, timeout: flo
 @pytest.mark.timeout(420)
 def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
     before = shm_entries()
-    train_dir, out = tmp_path / "runs", tmp_path / "out"
+    train_dir, out, kept = tmp_path / "runs", tmp_path / "out", tmp_path / "results"
     command = [sys.executable, "scripts/benchmark.py", "mujoco-1m", "--tasks", "Hopper", "--seeds", "1",
                "--steps_scale", str(SCALE), "--extra_flags", "--save_every_sec=1", "--eval_episodes", "3",
-               "--train_dir", str(train_dir), "--out", str(out)]
+               "--train_dir", str(train_dir), "--out", str(out), "--results", str(kept)]
     exp_dir = train_dir / "mujoco-1m" / f"Hopper+save_every_sec=1+x{SCALE:g}_0"  # the A/B flag and scale in the name
     result_path = exp_dir / "benchmark_result.json"
     try:
@@ -83,6 +85,21 @@ def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
         assert third.returncode == 0, (third.stdout + third.stderr)[-3000:]
         assert "finished before, kept" in third.stdout and "python -m appo.train" not in third.stdout
         assert result_path.stat().st_mtime_ns == kept_mtime and (exp_dir / "log.txt").stat().st_size == log_size
+
+        # 4. the cell's numbers and curve are kept in the results folder: the report needs no train dir
+        (kept_file,) = (kept / "mujoco-1m").iterdir()
+        assert kept_file.name == f"{exp_dir.name}@{module('benchmark').machine_slug(result['machine'])}.json"
+        kept_result = json.loads(kept_file.read_text())
+        assert kept_result["final_reward"] == result["final_reward"]
+        curve = kept_result["curve"]
+        assert 1 <= len(curve["env_steps"]) == len(curve["reward"]) <= module("benchmark").CURVE_KEPT
+        assert curve["env_steps"] == sorted(curve["env_steps"]) and curve["env_steps"][-1] <= result["env_steps"]
+        shutil.rmtree(train_dir)
+        fourth = subprocess.run([sys.executable, "scripts/benchmark.py", "--report", "--train_dir", str(train_dir),
+                                 "--out", str(out), "--results", str(kept)], cwd=REPO, capture_output=True, text=True,
+                                timeout=120)
+        assert fourth.returncode == 0, (fourth.stdout + fourth.stderr)[-3000:]
+        assert row in (out / "benchmarks.md").read_text().splitlines()
     finally:
         deadline = time.monotonic() + 10
         while processes_mentioning(str(train_dir)) and time.monotonic() < deadline:
@@ -94,12 +111,13 @@ def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
     assert leaked_segments(before) == set()
 
 
-def record(seed: int, reward: float, evaluation: float, episodes: int = 100, extra: tuple = ()) -> dict:
+def record(seed: int, reward: float, evaluation: float, episodes: int = 100, extra: tuple = (),
+           machine: str = "AMD EPYC (AVX2), 2 CPUs") -> dict:
     return {"table": "mujoco-1m", "task": "Walker2d", "env": "Walker2d-v5", "seed": seed, "extra_flags": list(extra),
             "steps_scale": 1.0, "budget": 1_000_000, "env_steps": 1_001_472, "final_reward": reward,
             "final_episodes": episodes, "eval": {"episodes": 10, "reward": evaluation, "reward_std": 5.0},
             "wall_s": 300.0, "env_steps_per_s": 3338.2, "commits": ["abc1234"], "date": "2026-11-26",
-            "machine": "AMD EPYC (AVX2), 2 CPUs"}
+            "machine": machine}
 
 
 def test_rows_pool_seeds_per_run_and_mark_short_windows():
@@ -115,6 +133,37 @@ def test_rows_pool_seeds_per_run_and_mark_short_windows():
         "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |"]
     assert "| Hopper | not run yet | - | - | - | - | - | - | 2,383 ± 272 | 2,410 ± 10 |" in lines
     assert "Walker2d seed 0: 40" in benchmark.section("mujoco-1m", found, None)
+
+
+def test_rows_part_machines_and_show_pooled_records_as_they_were_kept():
+    benchmark = module("benchmark")
+    xeon = "Intel Xeon (AVX-512, bf16), 2 CPUs"
+    pooled = {**record(0, 0.0, 0.0), "pooled": {"seeds": 3, "final_reward": [2737.0, 172.0],
+                                                "eval_reward": [3628.0, 231.0], "eval_episodes": 10, "wall_s": 369,
+                                                "env_steps_per_s": 2740.0}, "note": "pooled before"}
+    del pooled["seed"], pooled["eval"]
+    found = [record(0, 1000.0, 1100.0, machine=xeon), pooled, record(1, 2000.0, 2100.0, machine=xeon)]
+    walker = [line for line in benchmark.rows("mujoco-1m", found) if line.startswith("| Walker2d |")]
+    assert walker == [
+        "| Walker2d | defaults | 2,737 ± 172 (n=3) | 3,628 ± 231 (n=3) | 6m09s | 2.74k | abc1234, 2026-11-26 | "
+        "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |",
+        "| Walker2d | defaults | 1,500 ± 707 (n=2) | 1,600 ± 707 (n=2) | 5m00s | 3.34k | abc1234, 2026-11-26 | "
+        f"{xeon} | 2,288 ± 572 | 3,479 ± 822 |"]
+    section = benchmark.section("mujoco-1m", found, None)
+    assert "finished cells: 5." in section and "- Walker2d on AMD EPYC (AVX2), 2 CPUs: pooled before." in section
+
+
+def test_a_cell_kept_on_this_kind_of_machine_is_not_run_again(tmp_path, capsys):
+    benchmark = module("benchmark")
+    cell = benchmark.Cell("mujoco-1m", "Walker2d-v5", 0, (), 1.0, str(tmp_path / "runs"))
+    path = benchmark.kept_path(str(tmp_path / "results"), "mujoco-1m", cell.name, benchmark.machine())
+    os.makedirs(os.path.dirname(path))
+    benchmark.write_json(path, record(0, 1000.0, 1100.0))
+    assert benchmark.run_cell(cell, 10, str(tmp_path / "results")) == "kept"
+    assert "finished before on this kind of machine" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()
+    assert benchmark.machine_slug("Intel(R) Xeon(R) Processor (AVX-512, bf16), 2 CPUs") == \
+        "intel-xeon-processor-avx-512-bf16-2-cpus"
 
 
 def test_a_segment_cut_off_hard_ends_at_the_runs_last_log_write(tmp_path):
