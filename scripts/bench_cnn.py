@@ -43,6 +43,7 @@ from appo.config.hyperparams import Hyperparams  # noqa: E402
 from appo.envs.doom.actions import FULL_BUTTONS, ActionSet  # noqa: E402
 from appo.learning.model import ActorCritic  # noqa: E402
 from appo.learning.ppo import forward_trajectories, train_step  # noqa: E402
+from appo.learning.precision import minibatch, observations, seconds_per_call  # noqa: E402
 from appo.memory.buffers import rnn_size  # noqa: E402
 
 TOLERANCE = {False: 1e-4, True: 3e-2}  # relative L2 error of logits and values: float32, bfloat16 options
@@ -81,8 +82,8 @@ OPTIONS = [
     Option("jit_freeze", "float32, jit.freeze + optimize_for_inference", freeze=True, sgd=False),
     Option("compile_f32", "float32, torch.compile", compile=True),
     Option("onednn_bf16", "float32 tensors, oneDNN fpmath bf16", fpmath=True),
-    Option("bf16", "--learner_bf16/--inference_bf16 (the default on a CPU with native bfloat16): SGD under autocast, "
-                   "inference on a bfloat16 NHWC copy of the weights", bf16=True),
+    Option("bf16", "--learner_bf16/--inference_bf16 (on by default where the start-up timing finds them faster): "
+                   "SGD under autocast, inference on a bfloat16 NHWC copy of the weights", bf16=True),
     Option("bf16_cl", "bf16, channels_last weights", bf16=True, channels_last=True),
     # SGD only: inference runs the bfloat16 copy, which is not compiled
     Option("compile_bf16", "bf16's autocast SGD, torch.compile", bf16=True, compile=True, inference=False),
@@ -178,42 +179,8 @@ class Candidate:
             train_step(self.model, self.optimizer, self.cfg, hp, mb, advantages, targets)
 
 
-def observations(obs_space: gym.Space, shape: tuple[int, ...], generator: torch.Generator) -> dict[str, Tensor]:
-    spaces = obs_space.spaces if isinstance(obs_space, gym.spaces.Dict) else {"obs": obs_space}
-    return {key: torch.randint(0, 256, (*shape, *s.shape), dtype=torch.uint8, generator=generator)
-            if s.dtype == np.uint8 else torch.randn((*shape, *s.shape), generator=generator)
-            for key, s in spaces.items()}
-
-
-def minibatch(model: ActorCritic, obs_space: gym.Space, samples: int, cfg) -> tuple[dict, Tensor, Tensor]:
-    """A learner minibatch of whole trajectories (--rollout steps each, like appo.learning.ppo's) with actions drawn
-    from the model, and advantages and value targets for it."""
-    generator = torch.Generator().manual_seed(1)
-    n, length = samples // cfg.rollout, cfg.rollout
-    mb = {"obs": observations(obs_space, (n, length + 1), generator),
-          "rnn_states": torch.zeros(n, length + 1, rnn_size(cfg)), "dones": (torch.rand(n, length) < 0.01).float(),
-          "rewards": torch.randn(n, length, generator=generator)}
-    with torch.no_grad():
-        params, values = forward_trajectories(model, cfg.recurrence, mb)
-        dist = model.distribution(params)
-        mb["actions"] = dist.sample(generator)
-        mb["log_probs"], mb["values"] = dist.log_prob(mb["actions"]), values
-    mb["bootstrap"] = torch.zeros(n)
-    return mb, torch.randn(n, length, generator=generator), values + torch.randn(n, length, generator=generator)
-
-
 def relative_error(x: Tensor, reference: Tensor) -> float:
     return float((x.float() - reference).norm() / reference.norm().clamp_min(1e-12))
-
-
-def seconds_per_call(fn: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
-    calls, started = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - started
-        if elapsed >= min_seconds and calls >= min_calls:
-            return elapsed / calls
 
 
 def timed(fn: Callable[[], object]) -> float:
