@@ -174,3 +174,12 @@ def test_a_segment_cut_off_hard_ends_at_the_runs_last_log_write(tmp_path):
     benchmark.close_cut_segment(segments, str(tmp_path))
     assert segments[1] == {"start": 1_000_000.0, "end": 1_000_100.0, "cut": True}
     assert segments[0] == {"start": 999_000.0, "end": 999_500.0}
+
+
+def test_the_committed_page_is_what_the_kept_cells_give(tmp_path):
+    """docs/benchmarks.md is written from docs/benchmark_results alone: regenerated here, it is the committed page
+    (a number on the page is a kept cell's, or a pooled record's, never an edit)."""
+    benchmark = module("benchmark")
+    page = benchmark.write_report(str(tmp_path / "no_runs"), benchmark.RESULTS, str(tmp_path / "out"))
+    with open(page) as mine, open(os.path.join(REPO, "docs", "benchmarks.md")) as committed:
+        assert mine.read() == committed.read()
