@@ -505,7 +505,7 @@ def section(table: str, found: list[dict], png: str | None) -> str:
 def curves(table: str, found: list[dict], out: str) -> None:
     """One panel per task with a kept curve: each row's curves (mean of seeds, range shaded) and the published
     numbers as dashed lines."""
-    from appo.tools.plot import mean_and_range, panels
+    from appo.tools.plot import draw_mean, panels
 
     def draw_task(ax, env: str) -> None:
         groups: dict[str, list[dict]] = {}
@@ -514,10 +514,7 @@ def curves(table: str, found: list[dict], out: str) -> None:
                 label = f"{run_label(result).replace('`', '').replace('**', '')}, {result['machine'].split(' (')[0]}"
                 groups.setdefault(label, []).append(result["curve"])
         for label, kept in groups.items():
-            grid, mean, low, high = mean_and_range([(c["env_steps"], c["reward"]) for c in kept])
-            (line,) = ax.plot(grid, mean, label=f"{label} (n={len(kept)})")
-            if len(kept) > 1:
-                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            draw_mean(ax, [(c["env_steps"], c["reward"]) for c in kept], f"{label} (n={len(kept)})")
         for style, p in zip(("--", "-.", ":"), PUBLISHED.get(table, [])):
             if short_name(env) in p.values:
                 ax.axhline(p.values[short_name(env)][0], color="grey", linestyle=style, linewidth=1,

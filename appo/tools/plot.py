@@ -77,15 +77,19 @@ def mean_and_range(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 20
     return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
+def draw_mean(ax, curves: list[tuple[Any, Any]], label: str) -> None:
+    """The curves' mean as one line, the range between the lowest and the highest shaded when there are several."""
+    grid, mean, low, high = mean_and_range(curves)
+    (line,) = ax.plot(grid, mean, label=label)
+    if len(curves) > 1:
+        ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
 def draw(ax, run_dirs: list[str], x: str = "env_steps", tag: str = "episode/reward", policy: int = 0) -> None:
     """One curve per group of runs (their mean, the range shaded) on a matplotlib axis, with x label and legend."""
     for name, runs in group_runs(run_dirs).items():
-        curves = [read_curve(run, tag, policy, x) for run in runs]
-        grid, mean, low, high = mean_and_range(curves)
         label = f"{name} (mean of {len(runs)} runs)" if len(runs) > 1 else name
-        (line,) = ax.plot(grid, mean, label=label)
-        if len(runs) > 1:
-            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        draw_mean(ax, [read_curve(run, tag, policy, x) for run in runs], label)
     ax.set_xlabel(X_LABELS[x])
     ax.grid(alpha=0.3)
     ax.legend()
