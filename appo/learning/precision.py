@@ -81,7 +81,7 @@ def bf16_speedup(cfg: Any, obs_space: gym.Space, action_space: gym.Space, batch:
     models = {False: ActorCritic(obs_space, action_space, cfg)}
     models[True] = copy.deepcopy(models[False])
     models[True].set_bf16_images(True)
-    optimizers = {bf16: torch.optim.Adam(model.parameters(), lr=cfg.learning_rate) for bf16, model in models.items()}
+    optimizers = {bf16: torch.optim.Adam(model.parameters(), lr=hp.learning_rate) for bf16, model in models.items()}
     generator = torch.Generator().manual_seed(0)
     obs, states = observations(obs_space, (batch,), generator), torch.zeros(batch, rnn_size(cfg))
     mb, advantages, targets = minibatch(models[False], obs_space, 2 * cfg.rollout, cfg)
