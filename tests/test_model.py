@@ -173,6 +173,20 @@ def test_shapes_for_every_space_combination(obs_name, action_name):
     assert action_space.contains(to_env_action(action_space, stored[0]))
 
 
+@pytest.mark.parametrize("initial_stddev", [1.0, 0.3])
+def test_continuous_actions_start_with_the_initial_stddev_around_the_mean(initial_stddev):
+    torch.manual_seed(0)
+    action_space = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
+    model = ActorCritic(OBS, action_space, make_cfg(initial_stddev=initial_stddev))
+    params, _, _ = model.forward_step(as_obs(torch.zeros(20000, 3)), torch.zeros(20000, 1))
+    dist = model.distribution(params)
+    actions = dist.sample()
+    mean = dist.mode()
+    assert torch.allclose((actions - mean).std(0), torch.full((6,), initial_stddev), rtol=0.03)
+    expected_entropy = 6 * (math.log(initial_stddev) + 0.5 * math.log(2 * math.pi * math.e))
+    assert dist.entropy()[0].item() == pytest.approx(expected_entropy, rel=1e-5)
+
+
 @pytest.mark.parametrize("encoder", ["nature_cnn", "impala_resnet"])
 def test_image_encoders(encoder):
     model = ActorCritic(IMAGE, gym.spaces.Discrete(4), make_cfg(encoder=encoder))

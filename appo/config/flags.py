@@ -257,6 +257,10 @@ class LearningFlags:
                                    "Learn values in units of the running mean/std of the value targets (with PopArt's "
                                    "output preservation), so no --reward_scale has to be tuned to the task's reward "
                                    "sizes.")
+    initial_stddev: float = flag(1.0, MODEL,
+                                 "Standard deviation of the Gaussian of continuous actions before training, the same "
+                                 "for every action dimension; learned from there as one parameter per dimension that "
+                                 "does not depend on the observation.", valid="[0.01, 7]")
     hidden_size: int = flag(64, MODEL, "Width of the MLP encoder layers and of the RNN core.", aliases=("rnn_size",),
                             valid="[1, inf)")
     mlp_layers: int = flag(2, MODEL, "Number of hidden layers in the MLP encoder.", valid="[0, inf)")

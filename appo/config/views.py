@@ -74,6 +74,7 @@ class ModelFlags(RoleView):
     use_rnn: bool
     rnn_type: str
     actor_critic_share_weights: bool
+    initial_stddev: float
     normalize_input: bool
     normalize_returns: bool
 
