@@ -394,9 +394,8 @@ class ActorCritic(nn.Module):
         size = cfg.hidden_size if cfg.use_rnn else self.trunks[0]["encoder"].out_size
         self.policy_head = _linear(size, sum(n for _, n in self.spec), 0.01)
         gaussian_dims = sum(n for kind, n in self.spec if kind == "gaussian")
-        self.log_std = None
-        if gaussian_dims:
-            self.log_std = nn.Parameter(torch.full((gaussian_dims,), math.log(cfg.initial_stddev)))
+        initial_log_std = torch.full((gaussian_dims,), math.log(cfg.initial_stddev))
+        self.log_std = nn.Parameter(initial_log_std) if gaussian_dims else None
         self.value_head = _linear(size, 1, 1.0)
         # --normalize_returns: the value head predicts targets in units of their running mean/std.
         self.returns_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
