@@ -34,6 +34,7 @@ from appo.config.cfg import (
     save_cfg,
 )
 from appo.envs import EnvError, EnvInfo, env_info
+from appo.envs.registry import random_play_terminates
 from appo.envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
 from appo.hooks import Hooks
 from appo.hooks import registered as registered_hooks
@@ -187,6 +188,8 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
     auto_lines: list[str] = []
     if not resuming:
+        if auto.probes_random_play(cfg, info, given):
+            info = dataclasses.replace(info, random_play_terminates=random_play_terminates(cfg.env, env_kwargs(cfg)))
         bf16 = measure_bf16_speedup(cfg, info) if auto.measures_bf16(cfg, info, given) else None
         cfg, auto_lines = auto.apply(cfg, given, info, bf16)
     cfg = resolve(cfg, info.num_agents)

@@ -33,6 +33,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+RANDOM_PLAY_STEPS = 1000  # HalfCheetah's time limit; from seed 0 Hopper, Walker2d, Humanoid and Ant fall within 50
+
 
 class EnvError(Exception):
     """The env cannot be made; the message names the flag value and what would be valid."""
@@ -174,6 +176,8 @@ class EnvInfo:
     reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
     reward_shaping_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # (low, high), if declared
     step_seconds: float | None = None  # one env step with random actions, when measured
+    random_play_terminates: bool | None = None  # random actions ended an episode early (random_play_terminates),
+    # when probed
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
 
 
@@ -195,6 +199,12 @@ def guarded_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | Non
                          limit_s: float = 5.0) -> float | None:
     """measure_step_seconds, or None when the env raises or (in the main thread) takes over `limit_s`: the
     workers then meet the problem and report it with their usual handling."""
+    return within(limit_s, lambda: measure_step_seconds(env, num_agents, actions))
+
+
+def within(limit_s: float, probe: Callable[[], Any]) -> Any:
+    """`probe()`, or None when it raises or (in the main thread, where SIGALRM can interrupt it) runs over
+    `limit_s`: a start-up probe of the env must not hang the launch."""
     in_main_thread = threading.current_thread() is threading.main_thread()
 
     def give_up(*_):
@@ -204,7 +214,7 @@ def guarded_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | Non
     try:
         if in_main_thread:
             signal.setitimer(signal.ITIMER_REAL, limit_s)
-        return measure_step_seconds(env, num_agents, actions)
+        return probe()
     except Exception:
         return None
     finally:
@@ -231,6 +241,32 @@ def measure_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | Non
         if np.all(terminated) or np.all(truncated):
             env.reset()
     return stepping / steps
+
+
+def random_play_terminates(env_id: str, env_kwargs: dict[str, Any] | None = None,
+                           max_steps: int = RANDOM_PLAY_STEPS, limit_s: float = 5.0) -> bool | None:
+    """Whether uniformly random actions end an episode by termination (a body that fell, a pole that dropped), not
+    by a time limit, within `max_steps` env steps from seed 0; None when making or stepping the env fails or takes
+    over `limit_s`. Read at start-up by a rule on the Gaussian's initial std (appo/config/auto.py)."""
+    def probe() -> bool:
+        env = make_env(env_id, env_kwargs)
+        try:
+            env.reset(seed=0)
+            num_agents = int(getattr(env, "num_agents", 1))
+            env.action_space.seed(0)
+            for _ in range(max_steps):
+                action = (env.action_space.sample() if num_agents == 1
+                          else [env.action_space.sample() for _ in range(num_agents)])
+                _, _, terminated, truncated, _ = env.step(action)
+                if np.any(terminated):
+                    return True
+                if np.all(truncated):
+                    env.reset()
+            return False
+        finally:
+            env.close()
+
+    return within(limit_s, probe)
 
 
 def reward_shaping(env: gym.Env) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:

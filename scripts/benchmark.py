@@ -6,6 +6,7 @@ numbers, filled cell by cell (task x seed) over as many sittings as it takes.
     python scripts/benchmark.py mujoco-1m --tasks Hopper --extra_flags "--gamma=0.99"    # the B arm of an A/B
     python scripts/benchmark.py mujoco-1m --tasks Hopper --seeds 1 --steps_scale 0.01  # a quick look, marked so
     python scripts/benchmark.py --report                        # rewrite the docs from the finished cells only
+    python scripts/benchmark.py mujoco-1m --tasks HalfCheetah --retire_defaults abc1234  # its defaults changed there
 
 A cell is `python -m appo.train --env=ENV --seed=S --train_for_env_steps=BUDGET --train_dir=TRAIN_DIR/TABLE
 --experiment=NAME` plus bookkeeping only (`--stats_avg=100`, a summaries interval that gives a few hundred curve
@@ -241,9 +242,13 @@ def machine_slug(machine_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", machine_name.lower().replace("(r)", "")).strip("-")
 
 
-def kept_path(results_dir: str, table: str, experiment: str, machine_name: str) -> str:
-    """One file per cell and kind of machine: the same cell measured on another CPU adds a row, replaces nothing."""
-    return os.path.join(results_dir, table, f"{experiment}@{machine_slug(machine_name)}.json")
+def kept_path(results_dir: str, table: str, experiment: str, machine_name: str, defaults_before: str | None = None
+              ) -> str:
+    """One file per cell and kind of machine: the same cell measured on another CPU adds a row, replaces nothing. A
+    cell run at defaults that have since changed (retire_defaults) is kept apart, so the new defaults' cell of the same
+    name can run."""
+    retired = f"~defaults-before-{defaults_before}" if defaults_before else ""
+    return os.path.join(results_dir, table, f"{experiment}@{machine_slug(machine_name)}{retired}.json")
 
 
 def kept_curve(exp_dir: str) -> dict | None:
@@ -264,7 +269,8 @@ def kept_curve(exp_dir: str) -> dict | None:
 def keep(result: dict, exp_dir: str, results_dir: str) -> str:
     """Copy a finished cell's numbers and curve into the results folder (docs/benchmark_results, committed with the
     code), where the report reads them: a table outlives the machine and the train dir its cells ran in."""
-    path = kept_path(results_dir, result["table"], result["experiment"], result["machine"])
+    path = kept_path(results_dir, result["table"], result["experiment"], result["machine"],
+                     result.get("defaults_before"))
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json(path, {**result, "curve": kept_curve(exp_dir)})
@@ -275,6 +281,32 @@ def keep_finished(train_dir: str, results_dir: str) -> None:
     """Keep every finished cell under train_dir that the results folder does not hold yet."""
     for path in sorted(glob.glob(os.path.join(train_dir, "*", "*", RESULT))):
         keep(read_json(path, None), os.path.dirname(path), results_dir)
+
+
+def at_defaults(result: dict) -> bool:
+    """A cell of the defaults at the full budget, as they were when it ran."""
+    return not result["extra_flags"] and result["steps_scale"] == 1 and "defaults_before" not in result
+
+
+def retire_defaults(train_dir: str, results_dir: str, table: str, envs: list[str], commit: str) -> int:
+    """The defaults of these tasks changed at `commit`: their cells at the defaults, kept and under train_dir, become
+    rows of their own ("defaults before <commit>"), and the new defaults' cells run under the same names. Returns
+    how many cells were set apart."""
+    retired = 0
+    for path in sorted(glob.glob(os.path.join(results_dir, table, "*.json"))):
+        result = read_json(path, None)
+        if result["env"] in envs and at_defaults(result):
+            result["defaults_before"] = commit
+            write_json(kept_path(results_dir, table, result["experiment"], result["machine"], commit), result)
+            os.remove(path)
+            retired += 1
+    for path in sorted(glob.glob(os.path.join(train_dir, table, "*", RESULT))):
+        result = read_json(path, None)
+        if result["env"] in envs and at_defaults(result):
+            write_json(path, {**result, "defaults_before": commit})
+            exp_dir = os.path.dirname(path)
+            os.rename(exp_dir, f"{exp_dir}~defaults-before-{commit}")
+    return retired
 
 
 # ---------------------------------------------------------------- running cells
@@ -439,7 +471,8 @@ def seed_count(result: dict) -> int:
 
 
 def run_label(result: dict) -> str:
-    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"]) or "defaults"
+    defaults = f"defaults before {result['defaults_before']}" if "defaults_before" in result else "defaults"
+    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"]) or defaults
     if result["steps_scale"] != 1:
         flags += f", **quick look: {result['steps_scale']:g} of the budget** ({result['budget']:,} env steps)"
     return flags
@@ -456,8 +489,8 @@ def rows(table: str, found: list[dict]) -> list[str]:
         task = short_name(env)
         mine = [r for r in found if r["env"] == env]
         groups: dict[tuple[str, str, bool], list[dict]] = {}  # a pooled record is a row of its own
-        for result in sorted(mine, key=lambda r: (r["steps_scale"] != 1, bool(r["extra_flags"]), r["machine"],
-                                                  r.get("seed", -1))):
+        for result in sorted(mine, key=lambda r: (r["steps_scale"] != 1, bool(r["extra_flags"]),
+                                                  "defaults_before" in r, r["machine"], r.get("seed", -1))):
             groups.setdefault((run_label(result), result["machine"], "pooled" in result), []).append(result)
         theirs = [plus_minus(*p.values[task]) if task in p.values else "-" for p in published]
         if not groups:
@@ -492,6 +525,10 @@ def section(table: str, found: list[dict], png: str | None) -> str:
         if "note" in result:
             noted.setdefault((result["note"], result["machine"]), []).append(result["task"])
     text += [f"- {', '.join(tasks)} on {machine_name}: {note}." for (note, machine_name), tasks in noted.items()]
+    for commit in sorted({r["defaults_before"] for r in found if "defaults_before" in r}):
+        tasks = sorted({r["task"] for r in found if r.get("defaults_before") == commit})
+        text.append(f"- *defaults before {commit}*: {', '.join(tasks)} at the defaults of an earlier commit; at "
+                    f"{commit} the defaults of these tasks changed (set apart with `--retire_defaults`).")
     short = [r for r in found if (r["final_episodes"] or 0) < STATS_AVG]
     if short:
         text.append("- †: fewer than 100 episodes in a seed's final mean (a short run, or one resumed by a trainer "
@@ -578,6 +615,10 @@ def main() -> int:
     parser.add_argument("--extra_flags", default="", help="Trainer flags for an A/B, kept in the cells' names.")
     parser.add_argument("--eval_episodes", type=int, default=10, help="Episodes of the deterministic evaluation.")
     parser.add_argument("--report", action="store_true", help="Only rewrite the report from the finished cells.")
+    parser.add_argument("--retire_defaults", metavar="COMMIT", default=None,
+                        help="The defaults of --tasks changed at COMMIT: set their cells at the defaults apart as "
+                             "'defaults before COMMIT' rows (kept and under --train_dir), rewrite the report, and run "
+                             "nothing; the new defaults' cells then run under the same names.")
     argv = sys.argv[1:]
     if "--extra_flags" in argv[:-1]:  # its value starts with --, which argparse would take for a flag of its own
         at = argv.index("--extra_flags")
@@ -595,6 +636,15 @@ def main() -> int:
         print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
         return 0
     tasks = pick_tasks(args.table, args.tasks, parser)
+    if args.retire_defaults is not None:
+        if args.tasks is None or extra or args.steps_scale != 1:
+            parser.error("--retire_defaults: name the tasks whose defaults changed with --tasks, and no --extra_flags "
+                         "or --steps_scale")
+        count = retire_defaults(args.train_dir, args.results, args.table, tasks, args.retire_defaults)
+        print(f"{args.table}: {count} kept cells at the defaults of {', '.join(map(short_name, tasks))} are now "
+              f"'defaults before {args.retire_defaults}'", flush=True)
+        print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
+        return 0
     Stop.install()
     outcomes: dict[str, int] = {}
     cells = [Cell(args.table, env, seed, extra, args.steps_scale, args.train_dir)

@@ -135,6 +135,50 @@ def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separ
     assert not any("actor_critic_share_weights" in line for line in lines)
 
 
+@pytest.mark.parametrize("obs,action,terminates,narrow", [
+    ("vector", "box", False, True), ("vector", "box", True, False), ("vector", "box", None, False),
+    ("vector", "discrete", False, False), ("vector", "tuple", False, False), ("image", "box", False, False)])
+def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, narrow):
+    """Only continuous actions on vectors, only where random actions ended no episode but by a time limit (not
+    probed: unchanged); a given --initial_stddev wins."""
+    probed = dataclasses.replace(info(OBS[obs], action=action), random_play_terminates=terminates)
+    cfg, lines = auto.apply(cfg_of(), set(), probed)
+    assert cfg.initial_stddev == (auto.NARROW_START["initial_stddev"] if narrow else cfg_of().initial_stddev)
+    assert any(line.startswith("auto: --initial_stddev=0.5 (continuous actions on vectors, and 1000 random actions")
+               for line in lines) == narrow
+    cfg, lines = auto.apply(cfg_of("--initial_stddev=0.8"), {"initial_stddev"}, probed)
+    assert cfg.initial_stddev == 0.8 and not any("initial_stddev" in line for line in lines)
+
+
+def test_random_play_is_probed_only_where_the_rule_may_apply():
+    from appo.envs.registry import random_play_terminates
+
+    assert random_play_terminates("Pendulum-v1") is False  # a time limit of 200 steps ends every episode
+    assert random_play_terminates("InvertedPendulum-v5") is True  # the pole drops within a few steps
+    assert random_play_terminates("Pendulum-v1", max_steps=50) is False
+    assert random_play_terminates("sleep_env", {"step_seconds": 0.01}, limit_s=0.1) is None  # too slow to tell
+    assert random_play_terminates("no_such_env") is None
+    box = info(VECTOR, action="box")
+    assert auto.probes_random_play(cfg_of(), box, set())
+    assert not auto.probes_random_play(cfg_of(), box, {"initial_stddev"})
+    assert not auto.probes_random_play(cfg_of(), info(VECTOR), set())
+    assert not auto.probes_random_play(cfg_of(), info(IMAGE, action="box"), set())
+
+
+def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, monkeypatch):
+    from appo import launch
+
+    def start(*flags: str):
+        cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=exp", "--env=Pendulum-v1", *flags])
+        return launch.prepare(cfg, given)[0]
+
+    assert start().initial_stddev == auto.NARROW_START["initial_stddev"]
+    with open(tmp_path / "exp" / "cfg.json") as f:
+        assert json.load(f)["initial_stddev"] == auto.NARROW_START["initial_stddev"]
+    monkeypatch.setattr(launch, "random_play_terminates", lambda *args: pytest.fail("probed on resume"))
+    assert start().initial_stddev == auto.NARROW_START["initial_stddev"]
+
+
 def test_a_given_encoder_is_not_announced():
     lines = auto.apply(cfg_of("--encoder=mlp"), {"encoder"}, info(VECTOR))[1]
     assert not any("encoder" in line for line in lines)
@@ -217,8 +261,8 @@ def test_step_cost_is_measured():
 
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "num_envs_per_worker", "actor_niceness", "learner_bf16",
-                 "inference_bf16"):
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, *auto.NARROW_START, "num_envs_per_worker", "actor_niceness",
+                 "learner_bf16", "inference_bf16"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
 
 

@@ -1,7 +1,8 @@
 """scripts/benchmark.py, the tables at the standard budgets: one short Hopper cell interrupted after its first
 trained checkpoint, resumed by the same command and finished (result file, Markdown row, curves), kept by a third
 run that starts no trainer, and reported again from the results folder alone once its train dir is gone; the
-report's rows (per run and kind of machine, pooled records) and a hard-cut segment's end from recorded results."""
+report's rows (per run and kind of machine, pooled records, cells of defaults since changed) and a hard-cut
+segment's end from recorded results."""
 
 import json
 import os
@@ -164,6 +165,44 @@ def test_a_cell_kept_on_this_kind_of_machine_is_not_run_again(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
     assert benchmark.machine_slug("Intel(R) Xeon(R) Processor (AVX-512, bf16), 2 CPUs") == \
         "intel-xeon-processor-avx-512-bf16-2-cpus"
+
+
+def test_cells_of_changed_defaults_are_set_apart_and_the_new_defaults_run_under_the_same_names(tmp_path, capsys):
+    benchmark = module("benchmark")
+    results, runs = str(tmp_path / "results"), str(tmp_path / "runs")
+    for seed, extra in ((0, ()), (1, ()), (0, ("--gamma=0.99",))):
+        cell = benchmark.Cell("mujoco-1m", "Walker2d-v5", seed, extra, 1.0, runs)
+        kept = {**record(seed, 1000.0 + seed, 1100.0, extra=extra), "experiment": cell.name}
+        benchmark.keep(kept, cell.exp_dir, results)
+        os.makedirs(cell.exp_dir)
+        benchmark.write_json(os.path.join(cell.exp_dir, benchmark.RESULT), kept)
+    hopper = {**record(0, 3000.0, 3100.0), "env": "Hopper-v5", "task": "Hopper", "experiment": "Hopper_0"}
+    benchmark.keep(hopper, "no_dir", results)
+
+    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "def5678") == 2
+    assert sorted(os.listdir(os.path.join(results, "mujoco-1m"))) == [
+        "Hopper_0@amd-epyc-avx2-2-cpus.json", "Walker2d+gamma=0.99_0@amd-epyc-avx2-2-cpus.json",
+        "Walker2d_0@amd-epyc-avx2-2-cpus~defaults-before-def5678.json",
+        "Walker2d_1@amd-epyc-avx2-2-cpus~defaults-before-def5678.json"]
+    assert sorted(os.listdir(os.path.join(runs, "mujoco-1m"))) == [
+        "Walker2d+gamma=0.99_0", "Walker2d_0~defaults-before-def5678", "Walker2d_1~defaults-before-def5678"]
+    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "9999999") == 0  # once only
+
+    # A new cell at the defaults is not taken for a kept one, and the old train dirs are not kept again as it.
+    new = benchmark.Cell("mujoco-1m", "Walker2d-v5", 0, (), 1.0, runs)
+    kept_path = benchmark.kept_path(results, "mujoco-1m", new.name, record(0, 0, 0)["machine"])
+    assert not os.path.exists(kept_path)
+    benchmark.keep_finished(runs, results)
+    assert not os.path.exists(kept_path)
+    benchmark.keep({**record(0, 2500.0, 2600.0), "experiment": new.name, "commits": ["def5678"]}, new.exp_dir, results)
+
+    found = benchmark.results(results, "mujoco-1m")
+    walker = [line for line in benchmark.rows("mujoco-1m", found) if line.startswith("| Walker2d |")]
+    assert [line.split(" | ")[1:3] for line in walker] == [["defaults", "2,500 (n=1)"],
+                                                            ["defaults before def5678", "1,000 ± 1 (n=2)"],
+                                                            ["`--gamma=0.99`", "1,000 (n=1)"]]
+    assert ("- *defaults before def5678*: Walker2d at the defaults of an earlier commit; at def5678 the defaults of "
+            "these tasks changed") in benchmark.section("mujoco-1m", found, None)
 
 
 def test_a_segment_cut_off_hard_ends_at_the_runs_last_log_write(tmp_path):
