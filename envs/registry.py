@@ -176,8 +176,7 @@ class EnvInfo:
     reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
     reward_shaping_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # (low, high), if declared
     step_seconds: float | None = None  # one env step with random actions, when measured
-    random_play_terminates: bool | None = None  # random actions ended an episode early (random_play_terminates),
-    # when probed
+    random_play_terminates: bool | None = None  # random actions ended an episode early, when probed
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
 
 

@@ -6,6 +6,8 @@ import importlib.util
 import json
 import os
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from appo.config import auto
@@ -135,17 +137,19 @@ def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separ
     assert not any("actor_critic_share_weights" in line for line in lines)
 
 
-@pytest.mark.parametrize("obs,action,terminates,narrow", [
-    ("vector", "box", False, True), ("vector", "box", True, False), ("vector", "box", None, False),
-    ("vector", "discrete", False, False), ("vector", "tuple", False, False), ("image", "box", False, False)])
-def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, narrow):
-    """Only continuous actions on vectors, only where random actions ended no episode but by a time limit (not
-    probed: unchanged); a given --initial_stddev wins."""
-    probed = dataclasses.replace(info(OBS[obs], action=action), random_play_terminates=terminates)
+@pytest.mark.parametrize("obs,action,terminates,std", [
+    ("vector", "box", False, 0.707), ("vector", "box6", False, 0.408), ("vector", "box1", False, None),
+    ("vector", "box", True, None), ("vector", "box", None, None), ("vector", "discrete", False, None),
+    ("vector", "tuple", False, None), ("image", "box", False, None)])
+def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, std):
+    """Continuous actions on vectors where random actions ended no episode but by a time limit: std 1/sqrt(action
+    dimensions), so a single action keeps std 1; not probed: unchanged; a given --initial_stddev wins."""
+    spaces = {"box6": gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "box1": gym.spaces.Box(-2.0, 2.0, (1,), np.float32)}
+    probed = EnvInfo(OBS[obs], spaces.get(action) or ACTIONS[action], random_play_terminates=terminates)
     cfg, lines = auto.apply(cfg_of(), set(), probed)
-    assert cfg.initial_stddev == (auto.NARROW_START["initial_stddev"] if narrow else cfg_of().initial_stddev)
-    assert any(line.startswith("auto: --initial_stddev=0.5 (continuous actions on vectors, and 1000 random actions")
-               for line in lines) == narrow
+    assert cfg.initial_stddev == (std or cfg_of().initial_stddev)
+    narrowed = [line for line in lines if line.startswith(f"auto: --initial_stddev={std} (")]
+    assert narrowed if std else not any("initial_stddev" in line for line in lines)
     cfg, lines = auto.apply(cfg_of("--initial_stddev=0.8"), {"initial_stddev"}, probed)
     assert cfg.initial_stddev == 0.8 and not any("initial_stddev" in line for line in lines)
 
@@ -169,14 +173,15 @@ def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, m
     from appo import launch
 
     def start(*flags: str):
-        cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=exp", "--env=Pendulum-v1", *flags])
+        cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=exp", "--env=Swimmer-v5", *flags])
         return launch.prepare(cfg, given)[0]
 
-    assert start().initial_stddev == auto.NARROW_START["initial_stddev"]
+    narrow = 0.707  # Swimmer: 2 joints, and only the time limit ends its episodes
+    assert start().initial_stddev == narrow
     with open(tmp_path / "exp" / "cfg.json") as f:
-        assert json.load(f)["initial_stddev"] == auto.NARROW_START["initial_stddev"]
+        assert json.load(f)["initial_stddev"] == narrow
     monkeypatch.setattr(launch, "random_play_terminates", lambda *args: pytest.fail("probed on resume"))
-    assert start().initial_stddev == auto.NARROW_START["initial_stddev"]
+    assert start().initial_stddev == narrow
 
 
 def test_a_given_encoder_is_not_announced():
@@ -261,7 +266,7 @@ def test_step_cost_is_measured():
 
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, *auto.NARROW_START, "num_envs_per_worker", "actor_niceness",
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "initial_stddev", "num_envs_per_worker", "actor_niceness",
                  "learner_bf16", "inference_bf16"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
 

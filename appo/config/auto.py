@@ -23,13 +23,15 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   (its forward passes on a bfloat16 copy of its weights) are each on where bfloat16 ran at least BF16_MIN_SPEEDUP
   times as fast: on one Xeon it ran 1.3x (SGD) and 1.7x (inference), on another listing the same flags 0.7x and 0.6x
   (scripts/bench_cnn.py measures more options). On CUDA the flags do nothing.
-- Continuous actions on vectors where random actions never end an episode early (HalfCheetah, Swimmer, Pusher,
-  Reacher, Pendulum: only a time limit ends them; probed at start-up, appo.envs.registry.random_play_terminates): the
-  Gaussian starts narrower (NARROW_START). At std 1 on actions clipped to [-1, 1] a third of the samples clip, and
-  HalfCheetah settled on a slow gait (1,380 at 1M steps, 3 seeds); from std 0.5 every seed found the running one
-  (4,255). Where random actions end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a pole that drops),
-  the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds against
-  2,823 at std 1).
+- Continuous actions on vectors where random actions never end an episode early (only a time limit ends them:
+  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up, appo.envs.registry.random_play_terminates): the Gaussian
+  starts at std 1/sqrt(action dimensions) (narrow_start), so the noise vector's expected squared length is 1 at any
+  number of dimensions, as a single action's is at the default std of 1. From 6 unit noises (a third of each
+  dimension's samples clipped at the bounds) HalfCheetah settled on a slow gait at every seed (1,380 at 1M steps, 3
+  seeds); from std 0.5 every seed ran (4,255). A single action keeps std 1: MountainCarContinuous needs that noise to
+  reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving). Where random actions
+  end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a pole that drops) the std stays 1: from a narrow
+  start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds at std 0.5 against 2,823 at 1).
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
   observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
@@ -77,8 +79,6 @@ CONTINUOUS_LEARNING = {"exploration_loss_coeff": 0.0}
 
 CONTINUOUS_VECTORS = {"actor_critic_share_weights": False}
 
-NARROW_START = {"initial_stddev": 0.5}
-
 
 def flag_help(name: str) -> str:
     """The sentence --help adds to a flag these rules may set (empty for the others)."""
@@ -89,8 +89,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_LEARNING[name]:g} for continuous (Box) actions, images or not")
     if name in CONTINUOUS_VECTORS:
         rules.append(f"{CONTINUOUS_VECTORS[name]} for continuous (Box) actions on vector observations")
-    if name in NARROW_START:
-        rules.append(f"{NARROW_START[name]:g} for continuous (Box) actions on vector observations where "
+    if name == "initial_stddev":
+        rules.append(f"1/sqrt(action dimensions) for continuous (Box) actions on vector observations where "
                      f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode but by a time limit")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
@@ -171,6 +171,17 @@ def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
     return continuous_actions(info) and not has_images(info) and "initial_stddev" not in given
 
 
+def narrow_start(info: EnvInfo) -> Choice | None:
+    """For continuous actions on vectors: the Gaussian's initial std where random play ended no episode early and
+    there is more than one action dimension, or None."""
+    dims = sum(size for _, size in action_spec(info.action_space))
+    if info.random_play_terminates is not False or dims == 1:
+        return None
+    return Choice({"initial_stddev": max(0.01, round(1 / math.sqrt(dims), 3))},
+                  f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no episode "
+                  f"early: the noise of all {dims} starts as wide as one action's at std 1, std 1/sqrt({dims})")
+
+
 def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Choice | None:
     """For an env of `num_agents` agents whose step takes `step_seconds`: envs per worker and actor niceness, or
     None for a cheap env."""
@@ -220,10 +231,8 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
     if continuous and not images:
         found.append(Choice(dict(CONTINUOUS_VECTORS), "continuous actions on vectors: the critic's own MLP keeps the "
                                                       "value loss off the policy's features"))
-    if continuous and not images and info.random_play_terminates is False:
-        found.append(Choice(dict(NARROW_START), f"continuous actions on vectors, and {RANDOM_PLAY_STEPS} random "
-                                                "actions ended no episode early: no fall to learn to avoid, the "
-                                                "policy starts narrower"))
+    if continuous and not images:
+        found += [rule for rule in [narrow_start(info)] if rule]
     if bf16 is not None:
         found.append(Choice({"learner_bf16": bf16.sgd >= BF16_MIN_SPEEDUP,
                              "inference_bf16": bf16.inference >= BF16_MIN_SPEEDUP},
