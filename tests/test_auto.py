@@ -167,6 +167,8 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
     assert not auto.probes_random_play(cfg_of(), box, {"initial_stddev"})
     assert not auto.probes_random_play(cfg_of(), info(VECTOR), set())
     assert not auto.probes_random_play(cfg_of(), info(IMAGE, action="box"), set())
+    one_action = EnvInfo(VECTOR, gym.spaces.Box(-2.0, 2.0, (1,), np.float32))  # keeps std 1 either way
+    assert not auto.probes_random_play(cfg_of(), one_action, set())
 
 
 def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, monkeypatch):

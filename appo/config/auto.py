@@ -165,16 +165,21 @@ def measures_bf16(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
             and learns_on_cpu(cfg.device))
 
 
+def action_dims(info: EnvInfo) -> int:
+    return sum(size for _, size in action_spec(info.action_space))
+
+
 def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
     """Whether the narrow-start rule may apply, so start-up must see whether random actions end episodes early:
-    continuous actions on vectors and no --initial_stddev given."""
-    return continuous_actions(info) and not has_images(info) and "initial_stddev" not in given
+    continuous actions on vectors, more than one of them, and no --initial_stddev given."""
+    return (continuous_actions(info) and not has_images(info) and action_dims(info) > 1
+            and "initial_stddev" not in given)
 
 
 def narrow_start(info: EnvInfo) -> Choice | None:
     """For continuous actions on vectors: the Gaussian's initial std where random play ended no episode early and
     there is more than one action dimension, or None."""
-    dims = sum(size for _, size in action_spec(info.action_space))
+    dims = action_dims(info)
     if info.random_play_terminates is not False or dims == 1:
         return None
     return Choice({"initial_stddev": max(0.01, round(1 / math.sqrt(dims), 3))},
@@ -231,8 +236,8 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
     if continuous and not images:
         found.append(Choice(dict(CONTINUOUS_VECTORS), "continuous actions on vectors: the critic's own MLP keeps the "
                                                       "value loss off the policy's features"))
-    if continuous and not images:
-        found += [rule for rule in [narrow_start(info)] if rule]
+        narrow = narrow_start(info)
+        found += [narrow] if narrow else []
     if bf16 is not None:
         found.append(Choice({"learner_bf16": bf16.sgd >= BF16_MIN_SPEEDUP,
                              "inference_bf16": bf16.inference >= BF16_MIN_SPEEDUP},
