@@ -19,7 +19,8 @@ again (the trainer resumes from its newest checkpoint and counts --train_for_env
 or SIGTERM stops the current cell (the trainer saves a checkpoint) and the script. Each sitting of a cell is a
 segment in `<experiment>/benchmark_segments.json`; the cell's wall time is the sum of its segments (from launching
 the trainer to its exit, start-up included; a segment cut off by SIGKILL or a power loss ends at the last write of
-the run's log.txt).
+the run's log.txt). A table may give a task a target (atari-10m: Pong at 20, a game whose maximum is 21): its cells
+stop once the mean of the last 100 episodes reaches it, and the report marks them.
 
 For each cell: the mean return of the last 100 training episodes at the budget (CleanRL's measure: the trainer's
 final status, whose mean is over the run's last `--stats_avg` episodes, a resumed session's included: the trainer
@@ -46,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -85,6 +86,9 @@ class Table:
     tasks: tuple[str, ...]  # --env ids
     env_steps: int  # the budget of every cell
     steps_note: str  # how env steps are counted (and, for Atari, the settings beside the published ones)
+    # task (short name) -> a mean return of the last 100 episodes at which its cells stop before the budget
+    # (--target_reward): a game near its maximum score need not spend hours more to show it
+    targets: dict[str, float] = field(default_factory=dict)
 
 
 TABLES = {
@@ -92,7 +96,8 @@ TABLES = {
                         "InvertedDoublePendulum-v5", "Swimmer-v5", "Pusher-v5"), 1_000_000, MUJOCO_STEPS),
     "mujoco-10m": Table(("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Humanoid-v5", "Ant-v5",
                          "InvertedDoublePendulum-v5"), 10_000_000, MUJOCO_STEPS),
-    "atari-10m": Table(("envpool:Pong-v5", "envpool:Breakout-v5", "envpool:BeamRider-v5"), 10_000_000, ATARI_STEPS),
+    "atari-10m": Table(("envpool:Pong-v5", "envpool:Breakout-v5", "envpool:BeamRider-v5"), 10_000_000, ATARI_STEPS,
+                       targets={"Pong": 20.0}),  # a game's maximum is 21; the published 10M means are 20.36-20.45
 }
 
 
@@ -191,7 +196,12 @@ class Cell:
         interval = min(30.0, max(1.0, self.budget / CURVE_POINTS))
         return [f"--env={self.env}", f"--seed={self.seed}", f"--train_for_env_steps={self.budget}",
                 f"--train_dir={os.path.join(self.train_dir, self.table)}", f"--experiment={self.name}",
-                f"--stats_avg={STATS_AVG}", f"--experiment_summaries_interval={interval:g}", *self.extra_flags]
+                f"--stats_avg={STATS_AVG}", f"--experiment_summaries_interval={interval:g}", *self.target_flag(),
+                *self.extra_flags]
+
+    def target_flag(self) -> list[str]:
+        target = TABLES[self.table].targets.get(short_name(self.env))
+        return [] if target is None else [f"--target_reward={target:g}"]
 
 
 # ---------------------------------------------------------------- where and when
@@ -386,11 +396,14 @@ def result_of(cell: Cell, evaluation: dict) -> dict:
     close_cut_segment(segments, cell.exp_dir)
     wall_s = sum(s["end"] - s["start"] for s in segments)
     env_steps = int(steps[-1]) if steps else None
+    with open(os.path.join(cell.exp_dir, "done")) as f:
+        stop_reason = f.read().strip()  # the budget reached, or the table's target
     rate = round(env_steps / wall_s, 1) if env_steps and wall_s else None
     return {"table": cell.table, "task": short_name(cell.env), "env": cell.env, "seed": cell.seed,
             "extra_flags": list(cell.extra_flags), "steps_scale": cell.steps_scale, "budget": cell.budget,
             "env_steps": env_steps, "final_reward": stats.get("reward"),
-            "final_episodes": int(episodes[-1]) if episodes else None, "eval": evaluation,
+            "final_episodes": int(episodes[-1]) if episodes else None, "stop_reason": stop_reason,
+            "eval": evaluation,
             "wall_s": round(wall_s, 1), "env_steps_per_s": rate,
             "segments": segments, "machine": "; ".join(sorted({s["machine"] for s in segments})) or machine(),
             "commits": sorted({s["commit"] for s in segments}), "date": time.strftime("%Y-%m-%d"),
@@ -466,6 +479,11 @@ def measured(cells: list[dict]) -> tuple[str, str, float, float | None]:
             statistics.mean(r["wall_s"] for r in cells), statistics.mean(rates) if rates else None)
 
 
+def stopped_at_target(result: dict) -> bool:
+    """A cell its table's target stopped before the budget (cells kept before targets have no stop_reason)."""
+    return result.get("stop_reason", "").startswith("target")
+
+
 def seed_count(result: dict) -> int:
     return result["pooled"]["seeds"] if "pooled" in result else 1
 
@@ -499,6 +517,8 @@ def rows(table: str, found: list[dict]) -> list[str]:
             final, evals, wall, rate = measured(cells)
             if any((r["final_episodes"] or 0) < STATS_AVG for r in cells):
                 final += " †"
+            if any(stopped_at_target(r) for r in cells):
+                final += " ‡"
             when = ", ".join(sorted({c for r in cells for c in r["commits"]})) + ", " + \
                 " to ".join(sorted({min(r["date"] for r in cells), max(r["date"] for r in cells)}))
             lines.append("| " + " | ".join([task, label, final, evals, duration(wall), si(rate) if rate else "-", when,
@@ -534,6 +554,12 @@ def section(table: str, found: list[dict], png: str | None) -> str:
         text.append("- †: fewer than 100 episodes in a seed's final mean (a short run, or one resumed by a trainer "
                     "from before episodes.json, whose episode window started empty in each session; "
                     + ", ".join(f"{r['task']} seed {r['seed']}: {r['final_episodes'] or 0}" for r in short) + ").")
+    early = [r for r in found if stopped_at_target(r)]
+    if early:
+        text.append("- ‡: stopped before the budget once the mean of the last 100 episodes reached the table's target "
+                    "(`--target_reward`; " + ", ".join(f"{task} {target:g}" for task, target in spec.targets.items())
+                    + "): the wall time and env steps/s are to that point (" + ", ".join(
+                        f"{r['task']} seed {r['seed']}: {r['env_steps']:,} env steps" for r in early) + ").")
     if png:
         text += ["", f"![learning curves, {table}]({os.path.basename(png)})"]
     return "\n".join(text) + "\n"

@@ -68,6 +68,7 @@ def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
         assert [s["resumed_from_env_steps"] for s in segments] == [0, stopped_at]
         assert result["wall_s"] == pytest.approx(sum(s["end"] - s["start"] for s in segments), abs=0.1)
         assert result["budget"] == BUDGET and result["env_steps"] >= BUDGET
+        assert result["stop_reason"] == f"reached --train_for_env_steps={BUDGET}"
         assert result["final_episodes"] >= 1 and result["final_reward"] is not None
         assert result["eval"]["episodes"] == 3 and "--deterministic" in result["eval"]["command"]
         table = (out / "benchmarks.md").read_text()
@@ -134,6 +135,23 @@ def test_rows_pool_seeds_per_run_and_mark_short_windows():
         "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |"]
     assert "| Hopper | not run yet | - | - | - | - | - | - | 2,383 ± 272 | 2,410 ± 10 |" in lines
     assert "Walker2d seed 0: 40" in benchmark.section("mujoco-1m", found, None)
+
+
+def test_a_task_with_a_target_stops_there_and_its_row_says_so(tmp_path):
+    benchmark = module("benchmark")
+    pong = benchmark.Cell("atari-10m", "envpool:Pong-v5", 0, (), 1.0, str(tmp_path))
+    breakout = benchmark.Cell("atari-10m", "envpool:Breakout-v5", 0, (), 1.0, str(tmp_path))
+    assert "--target_reward=20" in pong.flags() and pong.name == "Pong_0"  # the same cell, resumable as it was
+    assert not any(flag.startswith("--target_reward") for flag in breakout.flags())
+    reached = {**record(0, 20.1, 20.8), "table": "atari-10m", "task": "Pong", "env": "envpool:Pong-v5",
+               "budget": 10_000_000, "env_steps": 4_321_000,
+               "stop_reason": "target reward 20 reached by p0 (mean 20.10 of 100) at 5000.0 s, 4321000 env steps"}
+    (row,) = [line for line in benchmark.rows("atari-10m", [reached]) if line.startswith("| Pong |")]
+    assert "| 20.10 (n=1) ‡ |" in row
+    section = benchmark.section("atari-10m", [reached], None)
+    assert "(`--target_reward`; Pong 20)" in section and "Pong seed 0: 4,321,000 env steps" in section
+    at_budget = {**reached, "stop_reason": "reached --train_for_env_steps=10000000", "env_steps": 10_001_000}
+    assert "‡" not in benchmark.section("atari-10m", [at_budget], None)
 
 
 def test_rows_part_machines_and_show_pooled_records_as_they_were_kept():
