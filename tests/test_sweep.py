@@ -142,7 +142,9 @@ def test_a_run_that_completed_before_the_sweeps_signal_reached_it_is_complete(tm
     result = {"reason": "reached --train_for_env_steps=1000", "completed": True, "failed": False, "env_steps": 1024,
               "seconds": 1.0, "stats": {"0": {"reward": 50.0}}, "best_rewards": {"0": 50.0}, "target": None}
     exp_dir = tmp_path / "trial_0"
-    script = (f"import json, time; json.dump({result!r}, open({str(exp_dir / 'result.json')!r}, 'w')); "
+    # the handler is set as the trainer sets its own: a shell's background job (`cmd &`) starts with SIGINT ignored
+    script = (f"import json, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              f"json.dump({result!r}, open({str(exp_dir / 'result.json')!r}, 'w')); "
               "print('written', flush=True); time.sleep(60)")
     run = TrialRun(optuna.create_study().ask(), [sys.executable, "-c", script], str(exp_dir),
                    OBJECTIVES["final_reward"], [])
