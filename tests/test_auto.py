@@ -140,11 +140,20 @@ def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separ
 @pytest.mark.parametrize("obs,action,terminates,std", [
     ("vector", "box", False, 0.707), ("vector", "box6", False, 0.408), ("vector", "box1", False, None),
     ("vector", "box", True, None), ("vector", "box", None, None), ("vector", "discrete", False, None),
-    ("vector", "tuple", False, None), ("image", "box", False, None)])
-def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, std):
+    ("vector", "tuple", False, None), ("image", "box", False, None),
+    ("vector", "humanoid", True, 0.4), ("vector", "humanoid", None, 0.4), ("vector", "humanoid", False, 0.243),
+    ("vector", "narrow1", None, 0.1), ("vector", "one_narrow_part", True, 0.25), ("vector", "unbounded", True, None),
+    ("image", "humanoid", True, None)])
+def test_continuous_actions_start_narrow_where_random_play_never_ends_early_or_the_box_is_narrow(obs, action,
+                                                                                                terminates, std):
     """Continuous actions on vectors where random actions ended no episode but by a time limit: std 1/sqrt(action
-    dimensions), so a single action keeps std 1; not probed: unchanged; a given --initial_stddev wins."""
-    spaces = {"box6": gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "box1": gym.spaces.Box(-2.0, 2.0, (1,), np.float32)}
+    dimensions), so a single action keeps std 1; a box narrower than that either side of its centre: its half
+    width (Humanoid's 0.4), probed or not; otherwise unchanged; a given --initial_stddev wins."""
+    spaces = {"box6": gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "box1": gym.spaces.Box(-2.0, 2.0, (1,), np.float32),
+              "humanoid": gym.spaces.Box(-0.4, 0.4, (17,), np.float32),
+              "narrow1": gym.spaces.Box(-0.1, 0.1, (1,), np.float32),
+              "one_narrow_part": gym.spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 0.5]), dtype=np.float32),
+              "unbounded": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)}
     probed = EnvInfo(OBS[obs], spaces.get(action) or ACTIONS[action], random_play_terminates=terminates)
     cfg, lines = auto.apply(cfg_of(), set(), probed)
     assert cfg.initial_stddev == (std or cfg_of().initial_stddev)
@@ -171,14 +180,16 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
     assert not auto.probes_random_play(cfg_of(), one_action, set())
 
 
-def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("env,narrow", [
+    ("Swimmer-v5", 0.707),  # 2 joints, and only the time limit ends its episodes
+    ("Humanoid-v5", 0.4)])  # it falls under random play, and its actions lie in [-0.4, 0.4]
+def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, monkeypatch, env, narrow):
     from appo import launch
 
     def start(*flags: str):
-        cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=exp", "--env=Swimmer-v5", *flags])
+        cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=exp", f"--env={env}", *flags])
         return launch.prepare(cfg, given)[0]
 
-    narrow = 0.707  # Swimmer: 2 joints, and only the time limit ends its episodes
     assert start().initial_stddev == narrow
     with open(tmp_path / "exp" / "cfg.json") as f:
         assert json.load(f)["initial_stddev"] == narrow

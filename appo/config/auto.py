@@ -32,6 +32,9 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving). Where random actions
   end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a pole that drops) the std stays 1: from a narrow
   start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds at std 0.5 against 2,823 at 1).
+  Either way the std is at most the action box's half width (narrow_start): sampled actions are clipped to the box,
+  so std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a bound, where std 0.4 puts 32%, as
+  std 1 does on [-1, 1]. Every other task named here has a box of [-1, 1] or wider and is unchanged.
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
   observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
@@ -54,6 +57,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from appo.config.flags import Config
@@ -91,7 +95,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_VECTORS[name]} for continuous (Box) actions on vector observations")
     if name == "initial_stddev":
         rules.append(f"1/sqrt(action dimensions) for continuous (Box) actions on vector observations where "
-                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode but by a time limit")
+                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode but by a time limit; "
+                     "for continuous actions on vectors, at most the action box's half width")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
@@ -176,15 +181,35 @@ def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
             and "initial_stddev" not in given)
 
 
+def box_half_width(space: gym.Space) -> float:
+    """Half the width of the narrowest finite dimension of the action's Box parts (inf when none is finite)."""
+    if isinstance(space, gym.spaces.Tuple):
+        return min((box_half_width(part) for part in space.spaces), default=math.inf)
+    if not isinstance(space, gym.spaces.Box):
+        return math.inf
+    widths = (np.asarray(space.high, np.float64) - np.asarray(space.low, np.float64)) / 2
+    finite = widths[np.isfinite(widths)]
+    return float(finite.min()) if finite.size else math.inf
+
+
 def narrow_start(info: EnvInfo) -> Choice | None:
     """For continuous actions on vectors: the Gaussian's initial std where random play ended no episode early and
-    there is more than one action dimension, or None."""
+    there is more than one action dimension, or where the action box is narrower than that std; else None."""
     dims = action_dims(info)
-    if info.random_play_terminates is not False or dims == 1:
+    reasons, std = [], 1.0
+    if info.random_play_terminates is False and dims > 1:
+        std = 1 / math.sqrt(dims)
+        reasons.append(f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no "
+                       f"episode early: the noise of all {dims} starts as wide as one action's at std 1, "
+                       f"std 1/sqrt({dims})")
+    half_width = box_half_width(info.action_space)
+    if half_width < std:
+        std = half_width
+        reasons.append(f"the action box is {half_width:g} either side of its centre: std {half_width:g} clips as "
+                       "few of the samples at its bounds as std 1 does on a box of [-1, 1]")
+    if not reasons:
         return None
-    return Choice({"initial_stddev": max(0.01, round(1 / math.sqrt(dims), 3))},
-                  f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no episode "
-                  f"early: the noise of all {dims} starts as wide as one action's at std 1, std 1/sqrt({dims})")
+    return Choice({"initial_stddev": max(0.01, round(std, 3))}, "; ".join(reasons))
 
 
 def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Choice | None:
