@@ -69,6 +69,17 @@ def action_spec(space: gym.Space) -> list[tuple[str, int]]:
     raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, Box or a Tuple of them")
 
 
+def box_half_width(space: gym.Space) -> float:
+    """Half the width of the narrowest finite dimension of the action's Box parts (inf when none is finite)."""
+    if isinstance(space, gym.spaces.Tuple):
+        return min((box_half_width(part) for part in space.spaces), default=math.inf)
+    if not isinstance(space, gym.spaces.Box):
+        return math.inf
+    widths = (np.asarray(space.high, np.float64) - np.asarray(space.low, np.float64)) / 2
+    finite = widths[np.isfinite(widths)]
+    return float(finite.min()) if finite.size else math.inf
+
+
 def action_layout(space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of one agent's action in the trajectory buffers."""
     spec = action_spec(space)

@@ -57,14 +57,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.registry import RANDOM_PLAY_STEPS
 from appo.envs.vector import steps_batched
-from appo.spaces import action_spec, auto_encoder, obs_spaces
+from appo.spaces import action_spec, auto_encoder, box_half_width, obs_spaces
 from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
@@ -179,17 +178,6 @@ def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
     continuous actions on vectors, more than one of them, and no --initial_stddev given."""
     return (continuous_actions(info) and not has_images(info) and action_dims(info) > 1
             and "initial_stddev" not in given)
-
-
-def box_half_width(space: gym.Space) -> float:
-    """Half the width of the narrowest finite dimension of the action's Box parts (inf when none is finite)."""
-    if isinstance(space, gym.spaces.Tuple):
-        return min((box_half_width(part) for part in space.spaces), default=math.inf)
-    if not isinstance(space, gym.spaces.Box):
-        return math.inf
-    widths = (np.asarray(space.high, np.float64) - np.asarray(space.low, np.float64)) / 2
-    finite = widths[np.isfinite(widths)]
-    return float(finite.min()) if finite.size else math.inf
 
 
 def narrow_start(info: EnvInfo) -> Choice | None:
