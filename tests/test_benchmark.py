@@ -22,9 +22,10 @@ def read_summary(train_dir: str, experiment: str) -> dict:
         return json.load(f)
 
 
-def hand_made_summary(actor: dict, inference: dict, learner: dict, cpu_busy: float, sampler_only=False) -> dict:
+def hand_made_summary(actor: dict, inference: dict, learner: dict, cpu_busy: float, sampler_only=False,
+                      device="cpu") -> dict:
     return {"time_shares": {"actor": actor, "inference": inference, "learner": learner}, "cpu_busy": cpu_busy,
-            "cpu_count": 2, "processes": 5, "sampler_only": sampler_only, "actor_niceness": 0}
+            "cpu_count": 2, "processes": 5, "sampler_only": sampler_only, "actor_niceness": 0, "device": device}
 
 
 @pytest.mark.parametrize("actor, inference, learner, cpu_busy, expected", [
@@ -46,6 +47,23 @@ def hand_made_summary(actor: dict, inference: dict, learner: dict, cpu_busy: flo
 ])
 def test_bottleneck_line_names_the_limiting_component(actor, inference, learner, cpu_busy, expected):
     assert expected in diagnose(hand_made_summary(actor, inference, learner, cpu_busy))
+
+
+LEARNER_BOUND = ({"env_step": 0.3, "wait_actions": 0.1, "wait_buffers": 0.6}, {"forward": 0.2},
+                 {"sgd": 0.9, "batching": 0.05})
+INFERENCE_BOUND = ({"env_step": 0.2, "wait_actions": 0.7, "wait_buffers": 0.0}, {"forward": 0.9},
+                   {"sgd": 0.1, "batching": 0.0})
+
+
+@pytest.mark.parametrize("shares", [LEARNER_BOUND, INFERENCE_BOUND])
+@pytest.mark.parametrize("cpu_busy", [0.5, 0.97])
+def test_the_bottleneck_line_offers_the_gpu_only_to_a_run_on_the_cpu(shares, cpu_busy):
+    on_cpu = diagnose(hand_made_summary(*shares, cpu_busy, device="cpu"))
+    on_gpu = diagnose(hand_made_summary(*shares, cpu_busy, device="cuda:0"))
+    assert "--device=cuda" in on_cpu and "--device=cuda" not in on_gpu
+    assert on_cpu.split(":")[0] == on_gpu.split(":")[0]  # the same component limits either way
+    if shares is LEARNER_BOUND:
+        assert "--batch_size" in on_gpu and "--learner_torch_threads" not in on_gpu
 
 
 @pytest.mark.timeout(60)

@@ -78,6 +78,11 @@ def diagnose(summary: dict[str, Any]) -> str:
     saturated = cpu > 0.9
     busy = {"actors": actor["env_step"], "inference": inference["forward"],
             "learner": 0.0 if summary["sampler_only"] else learner["sgd"] + learner["batching"]}
+    on_gpu = str(summary.get("device", "cpu")).startswith("cuda")
+    learner_remedy = ("lower --ppo_epochs or --num_batches_per_iteration, or raise --batch_size (fewer, larger steps "
+                      "on the GPU)" if on_gpu else "lower --ppo_epochs or --num_batches_per_iteration, raise "
+                      "--learner_torch_threads if cores are free, or use --device=cuda")
+    to_gpu = "" if on_gpu else " or --device=cuda"
     cluster = summary.get("cluster")
     if cluster is not None and cluster["head_busy"] > 0.8:
         return (f"network: the head's cluster process is busy {cluster['head_busy']:.0%} of its time taking in "
@@ -86,20 +91,18 @@ def diagnose(summary: dict[str, Any]) -> str:
                 "or a faster link between the nodes")
     if actor["wait_buffers"] > 0.25 and not summary["sampler_only"]:
         return (f"learner: actors wait {actor['wait_buffers']:.0%} of their time for trajectory slots while the "
-                f"learner is busy {busy['learner']:.0%}; lower --ppo_epochs or --num_batches_per_iteration, raise "
-                "--learner_torch_threads if cores are free, or use --device=cuda")
+                f"learner is busy {busy['learner']:.0%}; {learner_remedy}")
     if busy["inference"] >= max(busy.values()) and busy["inference"] > 0.6:
-        remedy = "add --policy_workers_per_policy or use --device=cuda"
+        remedy = "add --policy_workers_per_policy" + to_gpu
         if saturated:
-            remedy = ("fewer, larger requests (--num_envs_per_worker) or --device=cuda; more inference workers "
-                      "cannot help on saturated cores")
+            remedy = (f"fewer, larger requests (--num_envs_per_worker){to_gpu}; more inference workers cannot help "
+                      "on saturated cores")
             if summary["actor_niceness"] == 0 and actor["wait_actions"] > 0.2:
                 remedy = "--actor_niceness=10 so inference preempts the actors on saturated cores, or " + remedy
         return (f"inference: busy {busy['inference']:.0%} while actors wait {actor['wait_actions']:.0%} for actions; "
                 f"{remedy}")
     if busy["learner"] >= max(busy.values()) and busy["learner"] > 0.6:
-        return (f"learner: busy {busy['learner']:.0%} of its time; lower --ppo_epochs or --num_batches_per_iteration, "
-                "raise --learner_torch_threads if cores are free, or use --device=cuda")
+        return f"learner: busy {busy['learner']:.0%} of its time; {learner_remedy}"
     if actor["wait_actions"] > actor["env_step"]:
         if saturated and summary["actor_niceness"] == 0:
             return (f"CPU: {processes} processes keep {summary['cpu_count']} cores {cpu:.0%} busy and actors wait "
