@@ -121,6 +121,10 @@ class Row:
     returncode: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def skipped(self) -> bool:
+        return self.result.startswith("skipped")
+
     def cells(self) -> list[str]:
         rate = "-" if self.samples_per_s is None else f"{self.samples_per_s:,.0f}"
         solved = "-" if self.time_to_score_s is None else f"{self.time_to_score_s:.1f} s"
@@ -745,8 +749,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             os.chdir(cwd)
     print(write_report(out, info, rows, started), flush=True)
-    skipped = sum(row.result.startswith("skipped") for row in rows)
-    failed = sum(not row.ok and not row.result.startswith("skipped") for row in rows)
+    skipped = sum(row.skipped for row in rows)
+    failed = sum(not row.ok and not row.skipped for row in rows)
     print(f"gpu_check: of {len(rows)} rows, {failed} failed and {skipped} skipped; written to {out}")
     return 0 if all(row.ok for row in rows) else 1
 

@@ -79,9 +79,9 @@ def diagnose(summary: dict[str, Any]) -> str:
     busy = {"actors": actor["env_step"], "inference": inference["forward"],
             "learner": 0.0 if summary["sampler_only"] else learner["sgd"] + learner["batching"]}
     on_gpu = str(summary.get("device", "cpu")).startswith("cuda")
-    learner_remedy = ("lower --ppo_epochs or --num_batches_per_iteration, or raise --batch_size (fewer, larger steps "
-                      "on the GPU)" if on_gpu else "lower --ppo_epochs or --num_batches_per_iteration, raise "
-                      "--learner_torch_threads if cores are free, or use --device=cuda")
+    learner_remedy = "lower --ppo_epochs or --num_batches_per_iteration, " + (
+        "or raise --batch_size (fewer, larger steps on the GPU)" if on_gpu
+        else "raise --learner_torch_threads if cores are free, or use --device=cuda")
     to_gpu = "" if on_gpu else " or --device=cuda"
     cluster = summary.get("cluster")
     if cluster is not None and cluster["head_busy"] > 0.8:
