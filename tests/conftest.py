@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import psutil
@@ -20,6 +22,7 @@ from appo.memory.control import SharedControl
 from appo.memory.segments import unlink_segment
 from appo.workers.context import Queues, WorkerContext
 
+T = TypeVar("T")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -31,6 +34,22 @@ def source_file(module: str) -> str | None:
     except ModuleNotFoundError:
         return None
     return spec.origin if spec is not None else None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true",
+                     help="the whole suite, as CI runs it: the quick check and every test marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`python -m pytest` is the quick check: it leaves out the tests marked slow. --full keeps them, and so does an
+    explicit -m expression (`-m slow` runs just those)."""
+    if config.getoption("--full") or config.option.markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 @pytest.fixture(autouse=True)
@@ -58,16 +77,18 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-def wait_for(condition, seconds: float, what: str):
-    """`condition()` once it is truthy, polled until `seconds` pass (then the test fails naming `what`)."""
+def wait_for(condition: Callable[[], T], seconds: float, what: str, interval: float = 0.1,
+             details: Callable[[], str] | None = None) -> T:
+    """`condition()` once it is truthy, polled every `interval` s; after `seconds` the test fails naming `what`
+    (and `details()`, such as a log's tail). Every wait of the tests goes through here: none sleeps a fixed time."""
     deadline = time.monotonic() + seconds
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {seconds} s")
-        time.sleep(0.1)
+            pytest.fail(f"no {what} within {seconds} s" + (f":\n{details()}" if details else ""))
+        time.sleep(interval)
 
 
 class Trainer:
@@ -87,10 +108,8 @@ class Trainer:
                                 text=True)
 
     def assert_no_leftovers(self, shm_before: set[str]) -> None:
-        deadline = time.monotonic() + 5
-        while processes_mentioning(self.train_dir) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert processes_mentioning(self.train_dir) == []
+        wait_for(lambda: not processes_mentioning(self.train_dir), 5, "end of the run's processes",
+                 details=lambda: str(processes_mentioning(self.train_dir)))
         assert shm_entries() - shm_before == set()
 
 

@@ -5,8 +5,6 @@ with real envs, buffers and queues.
 writing the actions. `step(0.0)` never blocks: it steps the answered splits only."""
 
 import contextlib
-import threading
-import time
 
 import pytest
 from faster_fifo import Empty, Queue
@@ -19,6 +17,7 @@ from appo.memory.control import SharedControl
 from appo.messages import WAKE, ActorReport, WorkerReady
 from appo.sampling.actor_worker import ActorWorker
 from appo.workers.context import Queues, WorkerContext
+from tests.conftest import wait_for
 
 
 def make_context(*env_args: str, shaping: list[list[float]] | None = None) -> WorkerContext:
@@ -148,22 +147,20 @@ def test_a_replacement_waits_for_slots_when_learners_owe_nearly_all_of_them():
     owed[slots[layout.agents_per_split:]] = 1
     later = slots[-layout.agents_per_split:]
     is_ready(ctx)  # the first worker's
-
-    def learner_catches_up():
-        time.sleep(0.3)
-        owed[later] = 0
-        ctx.queues.actor_inboxes[0].put(WAKE)
-
-    catching_up = threading.Thread(target=learner_catches_up)
-    catching_up.start()
     replacement = ActorWorker(ctx, 0)
     replacement.setup()
     replacement.step(0.0)
     assert not is_ready(ctx)  # split 1 found no slots: the step gave up
-    deadline = time.monotonic() + 10
-    while not is_ready(ctx) and time.monotonic() < deadline:
+    replacement.step(0.05)
+    assert not is_ready(ctx)  # and gives up again while the learner is behind
+    owed[later] = 0  # the learner catches up
+    ctx.queues.actor_inboxes[0].put(WAKE)
+
+    def started() -> bool:
         replacement.step(0.05)
-    catching_up.join()
+        return is_ready(ctx)
+
+    wait_for(started, 10, "start of the replacement")
     in_use = sorted(ctx.control.actors.cur_slot[0].ravel().tolist())
     assert in_use == sorted(slots[:layout.agents_per_split] + later)
 

@@ -95,6 +95,7 @@ def test_load_policy_errors_name_the_path(tmp_path):
 
 
 # ---------------------------------------------------------------- enjoy
+@pytest.mark.slow
 def test_enjoy_plays_and_writes_a_video(tmp_path):
     import imageio_ffmpeg
 
@@ -111,6 +112,7 @@ def test_enjoy_plays_and_writes_a_video(tmp_path):
     assert sum(1 for _ in frames) == round(2 * mean_length)  # one frame per step played
 
 
+@pytest.mark.slow
 def test_enjoy_multi_agent_and_bad_input(tmp_path):
     make_experiment(tmp_path, "coop", "--env=coop_multi_agent")
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episodes=3")
@@ -167,6 +169,7 @@ def test_torchscript_matches_torch(tmp_path):
             assert torch.allclose(ours, theirs, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_export_command(tmp_path):
     make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
     out = run_module("appo.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=onnx")
@@ -177,6 +180,7 @@ def test_export_command(tmp_path):
 
 
 # ---------------------------------------------------------------- Python API
+@pytest.mark.slow
 def test_package_exports_the_functions_without_loading_torch():
     code = ("import sys; from appo import train; import appo, appo.launch; "
             "assert train is appo.train is appo.launch.train; "
@@ -209,6 +213,7 @@ def test_a_bad_keyword_gets_the_error_line_of_the_flag(tmp_path, capsys, keyword
     assert not os.path.exists(tmp_path / "bad")
 
 
+@pytest.mark.slow
 def test_train_raises_on_bad_flags_and_writes_nothing(tmp_path):
     with pytest.raises(ConfigError, match="num_workers"):
         train(env="CartPole-v1", experiment="bad", train_dir=str(tmp_path), num_workers=0)
@@ -227,6 +232,7 @@ def test_train_in_process_leaves_the_interpreters_hooks_as_they_were(tmp_path):
     assert (threading.excepthook, sys.unraisablehook) == hooks
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_api_script_trains_then_plays_in_one_process(tmp_path):
     """scripts/api_cartpole.py: train() to a mean of 475, load_policy(), 20 deterministic episodes."""
@@ -249,6 +255,7 @@ def write_run(train_dir, name: str, rewards: list[float]) -> str:
     return run_dir
 
 
+@pytest.mark.slow
 def test_plot_groups_seeds_into_mean_and_range(tmp_path):
     from appo.tools.plot import group_runs, mean_and_range, read_curve
 
@@ -271,6 +278,7 @@ def test_plot_groups_seeds_into_mean_and_range(tmp_path):
 
 
 # ---------------------------------------------------------------- custom metrics and the summary line
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_custom_episode_metrics_reach_tensorboard_and_the_summary(trainer):
     from appo.tools.plot import read_curve
@@ -290,6 +298,7 @@ def test_custom_episode_metrics_reach_tensorboard_and_the_summary(trainer):
 
 
 # ---------------------------------------------------------------- evaluation during training and user hooks
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_evaluation_best_checkpoint_and_launcher_hooks(trainer):
     from appo.tools.plot import read_curve
@@ -326,6 +335,7 @@ def test_evaluation_best_checkpoint_and_launcher_hooks(trainer):
     assert f"return {best['value']:.2f}" in played.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_hook_that_raises_stops_the_run_with_its_name(tmp_path, trainer):
     script = tmp_path / "raising_hook.py"

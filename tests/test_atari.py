@@ -30,6 +30,7 @@ def play_until_done(env, seed: int, max_steps: int = 5000) -> tuple[float, bool,
     raise AssertionError(f"no episode end in {max_steps} random steps")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_names():
     assert ATARI_PREFIX == "atari_"
@@ -153,6 +154,7 @@ def test_env_exposes_what_the_trainer_reads():
     env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_unknown_game_names_the_valid_form():
     for name in ("atari_no_such_game", "atari_"):
@@ -160,6 +162,7 @@ def test_unknown_game_names_the_valid_form():
             make_atari(name)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_missing_ale_py_names_the_flag_and_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ale_py", None)  # makes `import ale_py` raise ImportError

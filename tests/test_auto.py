@@ -90,6 +90,7 @@ def test_bfloat16_is_timed_only_where_the_cpu_has_it_learns_and_infers(monkeypat
     assert not cfg.learner_bf16 and not cfg.inference_bf16 and not any("bf16" in line for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_model_is_timed_in_both_precisions_in_a_child_process():
     """appo/learning/precision.py, as the launcher runs it: a child process that prints float32's time over
@@ -101,6 +102,7 @@ def test_the_model_is_timed_in_both_precisions_in_a_child_process():
     assert 0.05 < speedup.inference < 20 and 0.05 < speedup.sgd < 20
 
 
+@pytest.mark.slow
 def test_a_machine_without_gpu_device_files_has_no_cuda_device_without_importing_torch(monkeypatch):
     from appo.utils import resources
 
@@ -284,6 +286,7 @@ def test_every_rule_is_in_the_help():
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # a budget of env steps: 60-90 s on the Xeon, longer on CPUs without bfloat16
 @pytest.mark.parametrize("size", [10, 16])
 def test_small_images_train_with_the_default_encoder(trainer, size):

@@ -41,6 +41,7 @@ def run(train_dir: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,expected", [
     (["--env=CartPole-v1", "--num_envs_per_worker=5", "--worker_num_splits=2"], "not divisible by --worker_num_splits"),
@@ -79,6 +80,7 @@ def test_unknown_env_creates_nothing(tmp_path, env):
     assert not os.path.exists(tmp_path / "new")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,expected", [
     (["--with_pbt=True"], "--with_pbt=True needs a population: --num_policies=1"),

@@ -304,6 +304,7 @@ def test_a_multi_agent_env_with_batched_sampling_is_refused_in_one_line():
     resolve(parse_config(["--env=CartPole-v1"]), num_agents=2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_cartpole_learns_with_batched_sampling(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=batched", "--batched_sampling=True",
@@ -314,6 +315,7 @@ def test_cartpole_learns_with_batched_sampling(trainer):
     assert last_mean_reward(result.stdout) > 80
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_pbt_runs_on_batched_sub_envs(trainer):
     """Each sub-env is an env of one agent, so policies are mapped per sub-env: a PBT population trains every policy

@@ -201,6 +201,7 @@ def test_x86_64_is_accepted(monkeypatch, machine):
         preflight.check_platform()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_run_resumes_from_the_newest_intact_checkpoint(trainer):
     args = ["--env=CartPole-v1", "--experiment=survive", "--num_workers=1", "--num_envs_per_worker=8",

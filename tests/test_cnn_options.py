@@ -136,6 +136,7 @@ class BatchNormEncoder(nn.Module):
         return torch.relu(self.norm(self.conv(x))).flatten(1)
 
 
+@pytest.mark.slow
 def test_bf16_inference_copy_follows_buffers_and_the_train_or_eval_mode():
     """The bfloat16 copy of an encoder with a BatchNorm normalises with the statistics the model holds now (published
     weights carry them into inference workers) and as the model's mode says (batch statistics in train mode)."""
@@ -165,6 +166,7 @@ def test_bf16_inference_copy_follows_buffers_and_the_train_or_eval_mode():
     assert relative_error(batch, batch32) <= BF16_TOLERANCE < relative_error(loaded32, batch32)
 
 
+@pytest.mark.slow
 def test_bench_cnn_checks_and_measures_each_option():
     result = subprocess.run([sys.executable, "scripts/bench_cnn.py", "--shapes=breakout", "--options=bf16",
                              "--rounds=1", "--batches=2", "--sgd_batch=32", "--min_seconds=0"],

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from appo.envs.doom.actions import FULL_BUTTONS, TURN_BINS, ActionSet
 from appo.envs.doom.engine_guard import instance_id, remove_engine_shm
 from appo.envs.doom.game import lease_port, release_port
 from appo.envs.doom.scenarios import SCENARIOS
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,10 +38,9 @@ def engine_shm() -> list[str]:
 def nothing_left_behind():
     before_engines, before_shm = engines(), set(engine_shm())
     yield
-    deadline = time.monotonic() + 5
-    while (engines() - before_engines or set(engine_shm()) - before_shm) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not engines() - before_engines and not set(engine_shm()) - before_shm
+    wait_for(lambda: not engines() - before_engines and not set(engine_shm()) - before_shm, 5,
+             "end of the Doom engines and their /dev/shm entries",
+             details=lambda: f"{engines() - before_engines} {set(engine_shm()) - before_shm}")
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -206,12 +204,14 @@ def test_unknown_scenario_and_bad_options_are_one_line_errors():
         make_env("doom_basic", {"no_such_option": 1})
 
 
+@pytest.mark.slow
 def test_missing_vizdoom_names_the_extra(tmp_path):
     code = "import sys; sys.modules['vizdoom'] = None\nfrom envs import make_env\nmake_env('doom_basic')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and 'needs vizdoom; install it with: pip install -e ".[doom]"' in result.stderr
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_owner_leaves_no_engine_and_no_shm():
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
@@ -248,6 +248,7 @@ def test_sigterm_to_a_guard_stops_its_engine_and_removes_its_shm():
         env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_defaults_learn_basic(trainer):
     """From random play (a mean return near -170) to killing the monster in most episodes (a mean of 0 or more

@@ -30,6 +30,7 @@ from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.control import SharedControl
 from appo.sampling.episodes import EpisodeTracker
 from appo.workers.context import Queues, WorkerContext
+from tests.conftest import wait_for
 from tests.test_resources import in_private_mount, needs_private_tmpfs
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,14 +52,15 @@ def engines_under(pid: int) -> dict[int, str]:
 
 def assert_gone(pids: list[int], game_ids: list[str], within: float = 10.0) -> None:
     """Every process of `pids` ends and every /dev/shm entry of `game_ids` goes, within `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-        shm = [name for name in os.listdir("/dev/shm") if any(name.endswith(g) for g in game_ids)]
-        if not alive and not shm:
-            return
-        assert time.monotonic() < deadline, f"left behind: processes {alive}, /dev/shm {shm}"
-        time.sleep(0.1)
+
+    def alive() -> list[int]:
+        return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+    def shm() -> list[str]:
+        return [name for name in os.listdir("/dev/shm") if any(name.endswith(g) for g in game_ids)]
+
+    wait_for(lambda: not alive() and not shm(), within, "end of the game's processes and /dev/shm entries",
+             details=lambda: f"left behind: processes {alive()}, /dev/shm {shm()}")
 
 
 def play(env: DoomMatchEnv, steps: int) -> list:
@@ -156,6 +158,7 @@ def test_close_leaves_no_player_engine_or_shm():
     assert_gone(pids + list(engines), list(engines.values()), within=1.0)  # close() waits for them
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_owner_leaves_no_player_engine_or_shm():
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
@@ -179,6 +182,7 @@ def test_kill_9_of_the_owner_leaves_no_player_engine_or_shm():
     assert_gone(under, list(engines.values()))
 
 
+@pytest.mark.slow
 def test_ports_are_leased_once_across_processes(monkeypatch):
     held = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
@@ -263,6 +267,7 @@ def test_a_game_is_won_on_the_per_agent_true_objective_and_else_on_the_return():
     assert [(game.players, game.scores) for game in games] == [(["p0", "p1"], [1.0, 2.0]), (["p0", "p1"], [5.0, 1.0])]
 
 
+@pytest.mark.slow
 def test_a_host_that_cannot_bind_its_port_is_started_again_on_another(monkeypatch):
     taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a program outside the trainer holds the port
     taken.bind(("127.0.0.1", 0))
@@ -279,6 +284,7 @@ def test_a_host_that_cannot_bind_its_port_is_started_again_on_another(monkeypatc
         taken.close()
 
 
+@pytest.mark.slow
 @needs_private_tmpfs
 @pytest.mark.timeout(120)
 def test_a_match_run_whose_engines_the_shared_memory_cannot_hold_is_refused_at_start(tmp_path):

@@ -147,6 +147,7 @@ def test_scripted_action_works_from_either_seat():
     assert scripted_action(env._obs()[1]) == STAY
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_random_play_loses_and_aiming_beats_the_scripted_opponent():
     rng = np.random.default_rng(0)

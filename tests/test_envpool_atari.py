@@ -25,6 +25,8 @@ from appo.learning.trained_policy import episode_env_kwargs, load_policy, play  
 from appo.sampling.episodes import EpisodeTracker  # noqa: E402
 from tests.test_batched_sampling import make_context  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
+
 BREAKOUT = "envpool:Breakout-v5"
 LIVES = 5  # Breakout's
 

@@ -11,6 +11,8 @@ from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_na
 from tests.conftest import REPO, last_mean_reward
 from tests.space_envs import ACTIONS, OBS
 
+pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
+
 SMALL = ["--num_workers=1", "--num_envs_per_worker=4", "--report_interval=1", "--batch_size=256",
          "--num_batches_per_iteration=1",
          "--decorrelate_envs_on_one_worker=False"]

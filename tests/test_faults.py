@@ -4,6 +4,7 @@ The end-to-end tests run the real trainer (2 workers x 4 envs, CartPole) and kil
 worker names itself after its role); the learner tests drive real learners in-process.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -22,33 +23,30 @@ from appo.run.supervisor import Supervisor
 from appo.utils.process import FatalError
 from appo.utils.queues import make_queue
 from appo.workers.roles import Role, nothing_to_lower
-from tests.conftest import last_mean_reward
+from tests.conftest import last_mean_reward, wait_for
 
 SMALL = ["--num_workers=2", "--num_envs_per_worker=4", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
 
 
 def worker_process(trainer_process, name: str, timeout: float = 30) -> psutil.Process:
     """The trainer's child process named `name` (actor_0, inference_0, learner_p0, ...)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def named() -> psutil.Process | None:
         for child in psutil.Process(trainer_process.pid).children():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 if child.name() == name:
                     return child
-            except psutil.NoSuchProcess:
-                pass
-        time.sleep(0.1)
-    raise AssertionError(f"no process named {name}")
+        return None
+
+    return wait_for(named, timeout, f"process named {name}")
 
 
 def wait_for_log(log: pathlib.Path, pattern: str, timeout: float, count: int = 1) -> float:
     """Seconds until `pattern` (a regex) appears `count` times in the log."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if log.exists() and len(re.findall(pattern, log.read_text())) >= count:
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"{pattern!r} not in the log within {timeout} s:\n{log.read_text()[-3000:]}")
+    wait_for(lambda: log.exists() and len(re.findall(pattern, log.read_text())) >= count, timeout, repr(pattern),
+             interval=0.05, details=lambda: log.read_text()[-3000:] if log.exists() else "(no log)")
+    return time.monotonic() - start
 
 
 def stop(trainer_process) -> None:
@@ -68,6 +66,7 @@ def kill(trainer_process, name: str) -> int:
     return process.pid
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_killed_actor_inference_worker_and_learner_are_replaced_within_2_s_and_the_run_goes_on(trainer):
     process = trainer.start("--env=CartPole-v1", "--experiment=kills", "--train_for_seconds=30", *SMALL)
@@ -94,6 +93,7 @@ def test_killed_actor_inference_worker_and_learner_are_replaced_within_2_s_and_t
     assert last_mean_reward(output) > 50  # still learning after every component died once
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_worker_that_dies_more_than_max_worker_restarts_stops_the_run_with_the_cause(trainer):
     process = trainer.start("--env=CartPole-v1", "--experiment=crash_loop", "--max_worker_restarts=1", *SMALL)
@@ -111,6 +111,7 @@ def test_a_worker_that_dies_more_than_max_worker_restarts_stops_the_run_with_the
             in output)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_an_env_step_that_hangs_gets_its_actor_replaced_and_named(trainer):
     """HangingCartPole blocks in step forever after 200 steps: each hang costs one restart, named in the log."""
@@ -125,6 +126,7 @@ def test_an_env_step_that_hangs_gets_its_actor_replaced_and_named(trainer):
                      output), output[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_nan_observations_and_rewards_are_set_to_zero_reported_once_per_env_and_never_reach_the_model(trainer):
     result = trainer.run("--env=tests.flaky_envs:NaNCartPole-v0", "--experiment=nan", "--train_for_env_steps=100000",
@@ -143,6 +145,7 @@ def test_nan_observations_and_rewards_are_set_to_zero_reported_once_per_env_and_
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_multi_agent_env_that_raises_costs_only_the_episode(trainer):
     result = trainer.run("--env=tests.flaky_envs:make_flaky_rendezvous", "--experiment=flaky_ma",
@@ -153,6 +156,7 @@ def test_a_multi_agent_env_that_raises_costs_only_the_episode(trainer):
     assert "restarts" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_updates_that_keep_diverging_stop_the_run_with_a_clear_message(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=diverge", "--learning_rate=1e30", *SMALL)

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -16,12 +16,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from tests.conftest import REPO, shm_entries
+from tests.conftest import REPO, shm_entries, wait_for
 
 GUIDES = sorted(os.path.basename(path) for path in glob.glob(os.path.join(REPO, "docs", "guide_*.md")))
 FENCE = re.compile(r"^```(bash|python)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -81,10 +80,7 @@ def run(args: list[str], cwd: str, timeout: float = COMMAND_TIMEOUT) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"{args} ran past {timeout} s:\n{output[-3000:]}")
-    deadline = time.monotonic() + 5
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert session_processes(proc.pid) == [], f"{args} left processes behind"
+    wait_for(lambda: not session_processes(proc.pid), 5, f"end of the processes {args} started")
     assert proc.returncode == 0, f"{args} exited with {proc.returncode}:\n{output[-3000:]}"
     return output
 
@@ -227,12 +223,14 @@ def test_every_guide_is_checked_and_linked_from_the_readme():
         assert blocks(guide), f"{guide} has no command to run"
 
 
+@pytest.mark.slow
 def test_commands_are_parsed_as_a_reader_would():
     assert bash_commands("# note\npython -m a \\\n    --b=1\n\npython c.py\n") == ["python -m a --b=1", "python c.py"]
     assert localized("python examples/x.py --out=train_dir/scripts/y") == \
         f"{sys.executable} {REPO}/examples/x.py --out=train_dir/scripts/y"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("guide", sorted(CHECKS))
 def test_guide_commands_run(guide, tmp_path):

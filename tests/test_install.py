@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO, shm_entries
 
+pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
+
 # A user's project: its own utils/files.py (without the trainer's helpers) and an env folder named envs/ whose env
 # imports from that utils package, given to the trainer as `envs.corridor:UserCorridor-v0`.
 USER_PROJECT = {

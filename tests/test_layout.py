@@ -27,6 +27,7 @@ def modules_of(package: str) -> list[str]:
                   for p in path.rglob("*.py"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("package", TORCH_FREE)
 def test_torch_free_packages_never_import_torch(package):

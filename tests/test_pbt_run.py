@@ -8,6 +8,8 @@ import struct
 import pytest
 from tensorboardX.proto import event_pb2
 
+pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
+
 PBT = ["--env=CartPole-v1", "--experiment=pbt", "--num_policies=3", "--with_pbt=True", "--num_workers=2",
        "--num_envs_per_worker=6", "--worker_num_splits=3", "--report_interval=1", "--stats_avg=10",
        "--pbt_period_env_steps=4000", "--pbt_start_mutation=4000", "--pbt_mutation_rate=1.0",

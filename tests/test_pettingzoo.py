@@ -241,6 +241,7 @@ def test_mpe2_simple_spread_through_make_env():
     assert continuous.step(np.full((3, 5), 0.5, np.float32))[0].shape == (3, 18)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_agents_with_different_spaces_stop_the_trainer_with_one_line(tmp_path):
     assert importlib.import_module("mpe2.simple_adversary_v3")  # adversary_0 observes 8 numbers, agents 10
@@ -251,6 +252,7 @@ def test_agents_with_different_spaces_stop_the_trainer_with_one_line(tmp_path):
     assert len(lines) == 1 and "observation space of agent_0, agent_1 (Box(10,) float32)" in lines[0], result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_simple_spread_trains(trainer):
     result = trainer.run("--env=mpe2.simple_spread_v3:parallel_env", '--env_kwargs={"max_cycles": 25}',

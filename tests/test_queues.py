@@ -25,6 +25,7 @@ from appo.utils.queues import (
     release_if_held_by,
     repair_supported,
 )
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(not glibc_x86_64(), reason="glibc x86-64 pthread types only")]
 fork = multiprocessing.get_context("fork")
@@ -57,10 +58,12 @@ def _hold_the_lock_often(queue) -> None:
         queue.get()
 
 
-def _read_forever(queue) -> None:
+def _read_forever(queue, reading) -> None:
+    """Reads until killed, waiting inside get_many nearly all the time; `reading` is set after its first wait."""
     while True:
         with contextlib.suppress(Empty):
             queue.get_many(timeout=0.05)
+        reading.set()
 
 
 def _put_many(queue) -> None:
@@ -84,8 +87,7 @@ def test_a_queue_whose_mutex_a_dead_process_holds_is_reset_and_usable():
     queue = make_queue(200_000_000)
     holder = fork.Process(target=_hold_the_lock_often, args=(queue,))
     holder.start()
-    while mutex_owner(queue) != holder.pid:
-        pass
+    wait_for(lambda: mutex_owner(queue) == holder.pid, 30, "the holder's lock", interval=0)
     os.kill(holder.pid, signal.SIGKILL)
     holder.join()
     assert not _finishes(_put_many, queue, 1.0)  # every put now blocks forever
@@ -103,16 +105,18 @@ def test_release_leaves_a_queue_alone_when_the_dead_process_does_not_hold_it():
 
 def test_a_reader_killed_while_waiting_does_not_hang_the_writers_of_its_replacement():
     queue = make_queue()
-    reader = fork.Process(target=_read_forever, args=(queue,))
+    reading = fork.Event()
+    reader = fork.Process(target=_read_forever, args=(queue, reading))
     reader.start()
-    time.sleep(0.3)  # it waits inside get_many most of the time
+    assert reading.wait(30)  # from now on it waits inside get_many nearly all the time
     os.kill(reader.pid, signal.SIGKILL)
     reader.join()
     forget_waiters(queue)
-    replacement = fork.Process(target=_read_forever, args=(queue,))
+    reading.clear()
+    replacement = fork.Process(target=_read_forever, args=(queue, reading))
     replacement.start()
     try:
-        time.sleep(0.3)
+        assert reading.wait(30)
         assert _finishes(_put_many, queue, 10.0)
     finally:
         replacement.kill()

@@ -59,6 +59,7 @@ def one_iteration(exp_dir: str, rank: int, flags: list[str], out: str | None) ->
             unlink_segment(name)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("minibatches", [2, 4])  # 4: a trajectory per minibatch, so one rank's share is empty
 def test_two_ranks_train_an_iteration_to_the_weights_one_process_trains(tmp_path, minibatches):
@@ -81,6 +82,7 @@ def test_two_ranks_train_an_iteration_to_the_weights_one_process_trains(tmp_path
     assert not torch.equal(one["after"]["policy_head.weight"], one["before"]["policy_head.weight"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_ranks_learn_cartpole_and_a_killed_rank_takes_its_group_down_and_back(trainer):
     process = trainer.start(*SMALL, "--experiment=ranks", "--learner_processes_per_policy=2",
@@ -104,6 +106,7 @@ def test_two_ranks_learn_cartpole_and_a_killed_rank_takes_its_group_down_and_bac
     assert "restarts: learner_rank 1" in output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_checkpoint_written_by_two_ranks_resumes_with_one_and_the_reverse(trainer):
     port = f"--learner_master_port={free_port()}"
@@ -121,6 +124,7 @@ def test_a_checkpoint_written_by_two_ranks_resumes_with_one_and_the_reverse(trai
     assert versions == sorted(versions) and len(set(versions)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--serial_mode=True"], "--learner_processes_per_policy=2: each rank is a process of its own, which "
                              "--serial_mode=True does not start; use 1 in serial mode"),
@@ -133,6 +137,7 @@ def test_what_ranks_cannot_do_is_refused_in_one_line(trainer, flags, message):
     assert not pathlib.Path(trainer.train_dir, "refused").exists()
 
 
+@pytest.mark.slow
 def test_a_rendezvous_port_in_use_is_refused_in_one_line(trainer):
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

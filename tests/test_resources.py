@@ -58,6 +58,7 @@ DISK_TROUBLE = {
 }
 
 
+@pytest.mark.slow
 @needs_private_tmpfs
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("trouble", DISK_TROUBLE)
@@ -89,6 +90,7 @@ def refusal_at_start(mount_point: str, size: str, train_dir: pathlib.Path, *flag
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 @needs_private_tmpfs
 @pytest.mark.timeout(60)
 def test_a_run_the_shared_memory_cannot_hold_is_refused_before_it_starts(tmp_path):
@@ -98,6 +100,7 @@ def test_a_run_the_shared_memory_cannot_hold_is_refused_before_it_starts(tmp_pat
                         r".*--shm-size.*", line), line
 
 
+@pytest.mark.slow
 @needs_private_tmpfs
 @pytest.mark.timeout(60)
 def test_a_train_dir_too_small_for_the_checkpoints_is_refused_before_it_starts(tmp_path):
@@ -123,6 +126,7 @@ class DiesBySigbus:
     main = staticmethod(sigbus_after_ready)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_worker_that_dies_the_same_way_twice_at_start_stops_the_run():
     report_queue = make_queue()

@@ -186,6 +186,7 @@ def self_play_rig(tmp_path):
         unlink_segment(name)
 
 
+@pytest.mark.slow
 def test_learner_publishes_snapshots_and_restores_them(self_play_rig):
     rig = self_play_rig
     rig.traj.policy_ids[:] = 0

@@ -11,6 +11,8 @@ import torch
 from appo.learning.checkpoint import latest_checkpoint
 from tests.test_pbt_run import scalar_tags
 
+pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
+
 SELF_PLAY = ["--env=duel", "--experiment=sp", "--self_play_opponents=2", "--self_play_snapshot_every=2",
              "--self_play_latest_fraction=0.0", "--num_workers=1", "--num_envs_per_worker=8", "--batch_size=256",
              "--train_for_env_steps=60000", "--seed=1", "--report_interval=1", "--experiment_summaries_interval=1"]

@@ -14,6 +14,7 @@ from tests.conftest import REPO, shm_entries
 from tests.test_reporting import module
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_suite_runs_one_short_task(tmp_path):
     before = shm_entries()
@@ -61,6 +62,7 @@ def test_pbt_suite_table_counts_solved_runs_and_takes_medians():
     assert len(rows) == 4
 
 
+@pytest.mark.slow
 def test_pbt_suite_resume_skips_recorded_runs_and_reports(tmp_path):
     pbt_suite = module("pbt_suite")
     plan = [("cartpole", "default", arm, seed) for arm in ("single", "pbt") for seed in (0, 1)]

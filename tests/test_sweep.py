@@ -135,6 +135,7 @@ def test_a_to_target_study_prunes_by_cost_unless_its_pruner_is_none(tmp_path, pr
     assert scheduler.cost_bound() == bound
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_run_that_completed_before_the_sweeps_signal_reached_it_is_complete(tmp_path):
     # The pruner can decide at a run's last checkpoint while the trainer writes its last files: the SIGINT then ends
@@ -169,6 +170,7 @@ def test_a_locked_database_is_refused_in_one_line(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- a real study
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_study_prunes_a_hopeless_trial_records_a_failed_one_and_reports(tmp_path, shm_before, capsys):
     # Two good learning rates finish; a far too small one falls below their median and is pruned; a batch size that
@@ -228,6 +230,7 @@ def test_a_study_prunes_a_hopeless_trial_records_a_failed_one_and_reports(tmp_pa
     assert "2 complete, 1 pruned, 1 failed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_killed_sweep_leaves_nothing_running_and_its_trial_is_run_again(tmp_path, shm_before):
     # The objective needs the target: the trial that is re-run reaches it, and its value is result.json's env steps.
@@ -259,6 +262,7 @@ def test_a_killed_sweep_leaves_nothing_running_and_its_trial_is_run_again(tmp_pa
         assert rerun.value == json.load(f)["target"]["env_steps"] and rerun.user_attrs["reached"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_result_json_of_a_run_that_reached_its_target(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=target", "--target_reward=40", "--stats_avg=20",

@@ -210,6 +210,12 @@ def test_the_recorder_hands_each_writer_one_batch_per_policy_with_tensorboards_t
     assert tensorboard_scalars(str(tmp_path), policy=1) == {"episode/reward": {(50, -1.0)}}
 
 
+def appo_messages(caplog, level: int = logging.NOTSET) -> list[str]:
+    """What appo logged at `level` or above: the trackers' own libraries log too (wandb's DEBUG and INFO records
+    reach caplog), and which of their records arrive depends on what ran before."""
+    return [r.getMessage() for r in caplog.records if r.name.partition(".")[0] == "appo" and r.levelno >= level]
+
+
 def test_a_writer_that_fails_is_one_line_and_the_others_go_on(tmp_path, caplog):
     failing = FailingWriter()
     recorder = Recorder([failing, JsonlWriter(str(tmp_path))])
@@ -218,11 +224,12 @@ def test_a_writer_that_fails_is_one_line_and_the_others_go_on(tmp_path, caplog):
             recorder.scalars(0, step, {"episode/reward": step})
         recorder.close("FINISHED")
     assert failing.calls == 1
-    assert [r.getMessage() for r in caplog.records] == ["failing writes stop: OSError: [Errno 28] No space left on "
+    assert appo_messages(caplog) == ["failing writes stop: OSError: [Errno 28] No space left on "
                                                         "device"]
     assert jsonl_scalars(str(tmp_path)) == {"episode/reward": {(0, 0.0), (1, 1.0), (2, 2.0)}}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_tracker_that_hangs_never_holds_the_caller_and_is_given_up_at_the_deadline(caplog):
     HangingWriter.release.clear()
@@ -238,7 +245,7 @@ def test_a_tracker_that_hangs_never_holds_the_caller_and_is_given_up_at_the_dead
         recorder.close(KILLED, seconds=1.0)
     assert time.monotonic() - started < 5.0
     assert HangingWriter.aborted.is_set() and tracker.dropped > 0
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    errors = appo_messages(caplog, logging.ERROR)
     assert errors == ["hanging tracking stops: still busy 1 s after the run ended (a slow or unreachable server?); "
                       "what it had not sent is lost"]
     HangingWriter.release.set()
@@ -273,6 +280,7 @@ def test_wandb_mode_auto_is_online_only_with_a_key(offline, monkeypatch, tmp_pat
     assert wandb_mode("auto") is None  # wandb reads WANDB_MODE itself
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_wandb_offline_with_two_policies_prefixes_each_policys_keys(offline, tmp_path):
     cfg = make_config(env="CartPole-v1", num_policies=2, num_workers=2, with_wandb=True, wandb_mode="offline",
@@ -299,6 +307,7 @@ def test_wandb_offline_with_two_policies_prefixes_each_policys_keys(offline, tmp
     assert of_type(records, "exit")[-1]["exit_code"] == 130  # KILLED
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_wandb_server_that_never_answers_is_given_up_and_its_service_ended(offline, monkeypatch, tmp_path, caplog):
     """W&B online against a closed loopback port: wandb.init waits up to its init_timeout (90 s); at the deadline the
@@ -318,7 +327,7 @@ def test_a_wandb_server_that_never_answers_is_given_up_and_its_service_ended(off
     recorder.scalars(0, 100, {"episode/reward": 1.0})
     with caplog.at_level(logging.ERROR, logger="appo"):
         recorder.close("FINISHED", seconds=3.0)
-    assert [r.getMessage() for r in caplog.records] == [
+    assert appo_messages(caplog) == [
         "wandb tracking stops: still busy 3 s after the run ended (a slow or unreachable server?); what it had not "
         "sent is lost"]
     tracker.thread.join(15)
@@ -343,6 +352,7 @@ runpy.run_module("appo.train", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("module", ["wandb", "mlflow"])
 def test_a_tracker_that_is_not_installed_is_refused_before_the_experiment_dir(tmp_path, module):
@@ -357,6 +367,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_the_experiment_dir(tm
 
 
 # ---------------------------------------------------------------- real runs
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_wandb_offline_run_holds_tensorboards_scalars_and_a_resumed_run_continues_it(trainer, offline, tmp_path):
     exp_dir = os.path.join(trainer.train_dir, "wb")
@@ -398,6 +409,7 @@ def test_wandb_offline_run_holds_tensorboards_scalars_and_a_resumed_run_continue
                for history in of_type(videos, "history") for key, value in history["item"].items())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_mlflow_local_store_holds_tensorboards_scalars_and_a_resumed_run_continues_it(trainer, offline, tmp_path):
     from mlflow import MlflowClient
@@ -486,6 +498,7 @@ def _session(proc: psutil.Process) -> int | None:
         return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_mlflow_server_shows_the_runs_metrics_and_a_server_gone_mid_run_costs_one_line(trainer, offline, tmp_path,
                                                                                         monkeypatch):

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
-from tests.conftest import last_mean_reward, shm_entries
+from tests.conftest import last_mean_reward, shm_entries, wait_for
 
 FAST = ["--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
 
@@ -29,6 +29,7 @@ def test_cartpole_learns(trainer):
     assert env_steps >= 120000 and version > 10
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_two_inference_workers_share_the_actors(trainer):
     # Actors 0 and 2 are served by inference worker 0, actor 1 by worker 1: every actor must get answers.
@@ -39,6 +40,7 @@ def test_two_inference_workers_share_the_actors(trainer):
     assert last_mean_reward(result.stdout) > 80
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux-only")
 @pytest.mark.timeout(60)
 def test_actors_run_under_sched_batch_and_the_rest_do_not(trainer):
@@ -46,9 +48,8 @@ def test_actors_run_under_sched_batch_and_the_rest_do_not(trainer):
                             "--decorrelate_envs_on_one_worker=False")
     try:
         log = pathlib.Path(trainer.train_dir, "sched", "log.txt")
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and not (log.exists() and "FPS" in log.read_text()):  # all workers up
-            time.sleep(0.2)
+        wait_for(lambda: log.exists() and "FPS" in log.read_text(), 40, "status line (all workers up)",
+                 interval=0.2)
         policies = [os.sched_getscheduler(child.pid) for child in psutil.Process(process.pid).children()]
     finally:
         process.send_signal(signal.SIGINT)
@@ -57,6 +58,7 @@ def test_actors_run_under_sched_batch_and_the_rest_do_not(trainer):
     assert sorted(policies) == sorted([os.SCHED_BATCH] * 3 + [os.SCHED_OTHER] * 2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_actors_never_load_torch(trainer):
     """Actors see the shared buffers through numpy; torch is mapped only into inference and learner processes. The
@@ -85,6 +87,7 @@ def test_actors_never_load_torch(trainer):
     assert not runner_maps_torch
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_workers_die_with_the_main_process_and_its_segment_is_removed_next_time(trainer):
     process = trainer.start("--env=CartPole-v1", "--experiment=orphan", *FAST)
@@ -143,6 +146,7 @@ def test_interrupt_saves_and_resume_continues(trainer):
     assert f"raise its budget on the command line (--train_for_env_steps above {env_steps} env steps" in again.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_finished_run_is_extended_by_raising_its_budget(trainer):
     args = ["--env=CartPole-v1", "--experiment=extend", *FAST]
@@ -176,6 +180,7 @@ def test_a_finished_run_is_extended_by_raising_its_budget(trainer):
     assert os.path.exists(done)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_two_policies_both_train(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=two", "--num_policies=2", "--train_for_env_steps=60000",
@@ -189,6 +194,7 @@ def test_two_policies_both_train(trainer):
         assert re.search(rf"\bp{policy}: v\d+, reward", result.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_return_normalisation_learns_with_unscaled_rewards(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=popart", "--normalize_returns=True", "--reward_scale=1.0",
@@ -201,6 +207,7 @@ def test_return_normalisation_learns_with_unscaled_rewards(trainer):
     assert state["returns_norm.mean"].item() > 5 and state["returns_norm.var"].item() > 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_gru_core_and_vtrace_learn(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=gru", "--use_rnn=True", "--recurrence=8",
@@ -209,6 +216,7 @@ def test_gru_core_and_vtrace_learn(trainer):
     assert last_mean_reward(result.stdout) > 60
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_env_exceptions_cost_an_episode_not_the_worker(trainer):
     result = trainer.run("--env=tests.flaky_envs:FlakyCartPole-v0", "--experiment=flaky",
@@ -249,6 +257,7 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_seeded_single_worker_run_is_repeatable(trainer):
     (name_a, model_a), (name_b, model_b) = (final_weights(trainer, name, *SEEDED) for name in ("seed_a", "seed_b"))
@@ -256,6 +265,7 @@ def test_seeded_single_worker_run_is_repeatable(trainer):
     assert same_weights(model_a, model_b)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_serial_mode_gives_the_multiprocess_runs_result(trainer):
     name_processes, model_processes = final_weights(trainer, "processes", *SEEDED)
@@ -277,6 +287,7 @@ def test_serial_mode_runs_a_whole_run_in_this_process(tmp_path):
     assert len(children_seen) > 5 and not any(children_seen)  # every iteration was trained with no child process
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_stall_is_reported_not_a_silent_hang(trainer):
     result = trainer.run("--env=tests.flaky_envs:HangingCartPole-v0", "--experiment=hang", "--stall_timeout_seconds=4",
