@@ -13,6 +13,7 @@ import pytest
 from appo.config.cfg import parse_config
 from appo.messages import ActorReport, ClusterReport, EpisodeEnd, LearnerReport
 from appo.run.reporting import LINE_WIDTH, Reports
+from appo.run.stopping import budget_outcome
 from tests.conftest import REPO, last_mean_reward
 
 PREFIX = "[10:00:00][MainProcess] "
@@ -219,6 +220,17 @@ def test_no_target_best_reward_or_objective_before_every_env_ended_an_episode(tm
     assert reports.numbers.best_rewards == [pytest.approx(mean)]
     reports.on_actor(actor_report(0, episodes=[kill] * 100))  # a policy that learned
     assert reports.solved_policy(0.0) == (0, 80.0)
+
+
+@pytest.mark.parametrize("budget", ["--train_for_env_steps=1000", "--train_for_seconds=60"])
+def test_a_run_that_meets_its_target_and_a_budget_in_one_tick_reached_the_target(tmp_path, budget):
+    reports, clock = make_reports(tmp_path, "--stats_avg=10", "--target_reward=50", budget, policies=1)
+    reports.on_actor(episodes(0, [60.0] * 10))
+    clock.advance(61)
+    reports.tick(np.array([1000]))
+    outcome = budget_outcome(reports.cfg, reports, elapsed=61.0)
+    assert outcome.completed and outcome.target is not None and outcome.target.mean == 60.0, outcome.reason
+    assert outcome.reason.startswith("target reward 50 reached by p0"), outcome.reason
 
 
 def test_the_scripts_read_the_status(tmp_path):
