@@ -247,6 +247,46 @@ def test_a_tracker_that_hangs_never_holds_the_caller_and_is_given_up_at_the_dead
     assert not tracker.thread.is_alive()
 
 
+def _child_of_a_tracking_runner(recorder: Recorder) -> None:
+    """A worker forked while the trackers run: what it does with its copy of them must neither wait nor reach them."""
+    recorder.scalars(0, 1, {"episode/reward": 1.0})
+    recorder.close(KILLED, seconds=1.0)
+    os._exit(0 if not recorder.tracking and not HangingWriter.aborted.is_set() else 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_forked_while_a_tracker_runs_carries_none_of_it():
+    # The tracker's thread holds its queue's lock at the fork (it takes it for each record): in the child no thread
+    # ever releases it. The child's copy must not wait on it, nor abort what the parent's tracker started.
+    HangingWriter.release.clear()
+    HangingWriter.aborted.clear()
+    tracker = Background(HangingWriter)
+    recorder = Recorder([tracker])
+    recorder.start()
+    held, fork_done = threading.Event(), threading.Event()
+
+    def hold_the_queue() -> None:
+        with tracker.records.mutex:
+            held.set()
+            fork_done.wait(30)
+
+    holder = threading.Thread(target=hold_the_queue)
+    holder.start()
+    held.wait(10)
+    child = multiprocessing.get_context("fork").Process(target=_child_of_a_tracking_runner, args=(recorder,))
+    child.start()  # as the supervisor starts a replacement worker
+    fork_done.set()
+    holder.join(10)
+    child.join(20)
+    if child.exitcode is None:
+        child.kill()
+        child.join(10)
+    HangingWriter.release.set()
+    recorder.close(KILLED, seconds=5.0)
+    assert child.exitcode == 0
+    assert recorder.writers == [] and not tracker.thread.is_alive() and not tracker.failed  # the parent's is whole
+
+
 def test_tracker_flags():
     assert wandb_tags(parse_config(["--env=CartPole-v1", "--wandb_tags=cartpole, seed0"])) == ["cartpole", "seed0"]
     assert wandb_tags(make_config(env="CartPole-v1", wandb_tags=["a b", "c,d"])) == ["a b", "c,d"]
