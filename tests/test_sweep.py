@@ -133,11 +133,12 @@ def test_objectives_read_result_json():
 
 @pytest.mark.parametrize("pruner, bound", [(optuna.pruners.MedianPruner(), 3000.0), (optuna.pruners.NopPruner(), None)])
 def test_a_to_target_study_prunes_by_cost_unless_its_pruner_is_none(tmp_path, pruner, bound):
-    study = optuna.create_study(direction="minimize", pruner=pruner)
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, direction="minimize", pruner=pruner)
     for value, reached in ((5000.0, True), (3000.0, True), (2000.0, False)):  # the unreached one is no bound
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"reached": reached}))
     sweep = load_sweep(write_sweep(tmp_path, flags={**CARTPOLE, "target_reward": 40.0}))
-    scheduler = Scheduler(study, sweep, [], OBJECTIVES["env_steps_to_target"], str(tmp_path), 3, 1, [])
+    scheduler = Scheduler(study, storage, sweep, [], OBJECTIVES["env_steps_to_target"], str(tmp_path), 3, 1, [])
     assert scheduler.cost_bound() == bound
 
 
