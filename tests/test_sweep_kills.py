@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from appo.sweep import study as sweep_study
 from tests.conftest import REPO, processes_mentioning, wait_for
+from tests.test_sweep import load
 
 TRIALS = 4
 KILLS = int(os.environ.get("APPO_SWEEP_KILLS", "3"))
@@ -75,19 +76,15 @@ def sweep_command(tmp_path, kill: str, trials: int) -> list[str]:
             f"--trials={trials}"]
 
 
-def run_sweep(tmp_path, kill: str = "none", trials: int = TRIALS) -> subprocess.CompletedProcess:
+def run_driver(tmp_path, kill: str = "none", trials: int = TRIALS) -> subprocess.CompletedProcess:
     return subprocess.run(sweep_command(tmp_path, kill, trials), cwd=REPO, capture_output=True, text=True,
                           timeout=90)
 
 
-def load(tmp_path) -> optuna.Study:
-    return optuna.load_study(study_name="kills", storage=f"sqlite:///{tmp_path}/train_dir/kills/study.db")
-
-
 def assert_finished_with_exactly_the_trials(tmp_path, trials: int = TRIALS) -> None:
-    result = run_sweep(tmp_path, trials=trials)
+    result = run_driver(tmp_path, trials=trials)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    made = load(tmp_path).trials
+    made = load(str(tmp_path / "train_dir"), "kills").trials
     states = [trial.state for trial in made]
     assert states.count(TrialState.COMPLETE) == trials and TrialState.RUNNING not in states, (states, result.stderr)
     assert all(trial.state is TrialState.COMPLETE or "re-enqueued" in trial.user_attrs.get("reason", "")
@@ -99,7 +96,7 @@ def assert_finished_with_exactly_the_trials(tmp_path, trials: int = TRIALS) -> N
 def test_a_sweep_killed_at_each_step_of_a_trial_finishes_with_exactly_its_trials(tmp_path):
     # Each kill is followed at once by the next run, well within UNCLAIMED_S of the trial it left unclaimed.
     for kill in ("before_claim:2", "after_claim:1", "in_tell:1", "before_claim:1"):
-        result = run_sweep(tmp_path, kill)
+        result = run_driver(tmp_path, kill)
         assert result.returncode == -9, f"{kill}: {result.returncode} {result.stderr[-3000:]}"
     assert_finished_with_exactly_the_trials(tmp_path)
 
@@ -130,7 +127,8 @@ def test_trials_that_no_sweep_runs_any_more_are_failed_whatever_their_claim(tmp_
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/study.db")
     study = optuna.create_study(storage=storage, study_name="claims")
     here, now = socket.gethostname(), time.time()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=30)
     me = {"host": here, "pid": os.getpid(), "pid_started": psutil.Process().create_time(), "renewed": now}
     kept = [running_trial(study, claim=me),  # this process
             running_trial(study, claim={"host": "elsewhere", "pid": 1, "pid_started": 0.0, "renewed": now - 60})]
