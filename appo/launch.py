@@ -129,7 +129,7 @@ def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult
     outcome = runner.run()
     stats = runner.reports.final_stats()
     write_result(exp_dir, outcome, runner.reports.total_env_steps(), time.monotonic() - started, stats,
-                 runner.reports.numbers.best_rewards)
+                 runner.reports.numbers.best_rewards, runner.reports.numbers.final_rewards())
     if outcome.completed:
         done = os.path.join(exp_dir, "done")
         try:
@@ -141,7 +141,7 @@ def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult
 
 
 def write_result(exp_dir: str, outcome: Outcome, env_steps: int, seconds: float, stats: dict[int, dict[str, float]],
-                 best_rewards: list[float | None]) -> None:
+                 best_rewards: list[float | None], final_rewards: list[float | None]) -> None:
     """`<exp_dir>/result.json`: how the run ended, in a form programs read (the sweeps of appo/sweep/ take their
     objective from it) rather than the log's words. `seconds` is this run's (a resumed run's earlier sessions are not
     counted); a reached target's `seconds` count from the process's start, as its stop line says."""
@@ -150,6 +150,7 @@ def write_result(exp_dir: str, outcome: Outcome, env_steps: int, seconds: float,
               "env_steps": env_steps, "seconds": round(seconds, 3),
               "stats": {str(p): values for p, values in stats.items()},  # per policy, as TrainResult.stats
               "best_rewards": {str(p): best for p, best in enumerate(best_rewards)},  # best full-window means
+              "final_rewards": {str(p): mean for p, mean in enumerate(final_rewards)},  # full-window means at the end
               "target": None if outcome.target is None else dataclasses.asdict(outcome.target)}
     try:
         atomic_write_text(path, json.dumps(result, indent=2) + "\n")

@@ -3,6 +3,7 @@ prefix "[HH:MM:SS][MainProcess] " (24 characters), so 96 for the message. No pro
 by hand, on a clock that moves only when a test says."""
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -13,6 +14,7 @@ import pytest
 from appo.config.cfg import parse_config
 from appo.messages import ActorReport, ClusterReport, EpisodeEnd, LearnerReport
 from appo.run.reporting import LINE_WIDTH, Reports
+from appo.run.stopping import budget_outcome
 from tests.conftest import REPO, last_mean_reward
 
 PREFIX = "[10:00:00][MainProcess] "
@@ -219,6 +221,46 @@ def test_no_target_best_reward_or_objective_before_every_env_ended_an_episode(tm
     assert reports.numbers.best_rewards == [pytest.approx(mean)]
     reports.on_actor(actor_report(0, episodes=[kill] * 100))  # a policy that learned
     assert reports.solved_policy(0.0) == (0, 80.0)
+
+
+@pytest.mark.parametrize("budget", ["--train_for_env_steps=1000", "--train_for_seconds=60"])
+def test_a_run_that_meets_its_target_and_a_budget_in_one_tick_reached_the_target(tmp_path, budget):
+    reports, clock = make_reports(tmp_path, "--stats_avg=10", "--target_reward=50", budget, policies=1)
+    reports.on_actor(episodes(0, [60.0] * 10))
+    clock.advance(61)
+    reports.tick(np.array([1000]))
+    outcome = budget_outcome(reports.cfg, reports, elapsed=61.0)
+    assert outcome.completed and outcome.target is not None and outcome.target.mean == 60.0, outcome.reason
+    assert outcome.reason.startswith("target reward 50 reached by p0"), outcome.reason
+
+
+def test_a_sweeps_scores_and_pruning_read_full_windows_only(tmp_path):
+    """result.json's final_rewards (final_reward's score) and the summaries' episode/full_window_reward (what the
+    pruner reads) follow the rule of the targets: --stats_avg episodes, and every env has ended one."""
+    from appo.launch import write_result
+    from appo.run.stopping import Outcome
+    from tests.test_tracking import tensorboard_scalars
+
+    reports, _ = make_reports(tmp_path, "--stats_avg=10", policies=2)
+    reports.on_actor(actor_report(episodes=[EpisodeEnd(0, 7.0, 5, None, {})] * 10, every_env_ended=False))
+    reports.write_summaries({})
+    assert reports.numbers.final_rewards() == [None, None]  # p0's window is full, but not every env ended one
+    reports.on_actor(episodes(1, [3.0] * 9))
+    assert reports.numbers.final_rewards() == [7.0, None]  # p1: 9 of 10
+    reports.on_actor(episodes(0, [8.0]))
+    reports.on_actor(episodes(1, [3.0]))
+    reports.tick()
+    reports.write_summaries({})
+    reports.close()
+    assert reports.numbers.final_rewards() == [pytest.approx(7.1), 3.0]
+    write_result(str(tmp_path), Outcome("done", True), 100, 1.0, reports.final_stats(), reports.numbers.best_rewards,
+                 reports.numbers.final_rewards())
+    with open(tmp_path / "result.json") as f:
+        assert json.load(f)["final_rewards"] == {"0": pytest.approx(7.1), "1": 3.0}
+    for policy, full in ((0, 7.1), (1, 3.0)):
+        scalars = tensorboard_scalars(str(tmp_path), policy)
+        assert len(scalars["episode/reward"]) == 2 - policy  # the status' mean, of whatever ended
+        assert [value for _, value in scalars["episode/full_window_reward"]] == [pytest.approx(full)]
 
 
 def test_the_scripts_read_the_status(tmp_path):

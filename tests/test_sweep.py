@@ -114,24 +114,31 @@ def test_a_python_sweep_file_and_yaml_numbers_without_a_dot(tmp_path):
 
 
 def test_objectives_read_result_json():
-    result = {"env_steps": 5000, "seconds": 10.0, "stats": {"0": {"reward": 80.0}, "1": {"reward": 120.0}},
-              "best_rewards": {"0": 95.0, "1": None}, "target": None}
-    assert OBJECTIVES["final_reward"].value(result) == (120.0, None)
-    assert OBJECTIVES["best_reward"].value(result) == (120.0, None)  # policy 1 never filled a window: its final mean
+    # Policy 1 ended 5 episodes at 120: no full --stats_avg window, so no score (the rule of the targets).
+    result = {"env_steps": 5000, "seconds": 10.0, "target": None,
+              "stats": {"0": {"reward": 80.0, "episodes": 20}, "1": {"reward": 120.0, "episodes": 5}},
+              "final_rewards": {"0": 80.0, "1": None}, "best_rewards": {"0": 95.0, "1": None}}
+    assert OBJECTIVES["final_reward"].value(result) == (80.0, None)
+    assert OBJECTIVES["best_reward"].value(result) == (95.0, None)
     assert OBJECTIVES["env_steps_to_target"].value(result) == (10000.0, False)  # not reached: twice what it used
     reached = {**result, "target": {"env_steps": 3000, "seconds": 4.5}}
     assert OBJECTIVES["seconds_to_target"].value(reached) == (4.5, True)
     with pytest.raises(TrialFailure, match="no episode finished"):
         OBJECTIVES["final_reward"].value({**result, "stats": {}})
+    short = {**result, "final_rewards": {"0": None, "1": None}, "best_rewards": {"0": None, "1": None}}
+    for name in ("final_reward", "best_reward"):
+        with pytest.raises(TrialFailure, match=r"no policy filled a full --stats_avg window \(20 and 5 episodes"):
+            OBJECTIVES[name].value(short)
 
 
 @pytest.mark.parametrize("pruner, bound", [(optuna.pruners.MedianPruner(), 3000.0), (optuna.pruners.NopPruner(), None)])
 def test_a_to_target_study_prunes_by_cost_unless_its_pruner_is_none(tmp_path, pruner, bound):
-    study = optuna.create_study(direction="minimize", pruner=pruner)
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, direction="minimize", pruner=pruner)
     for value, reached in ((5000.0, True), (3000.0, True), (2000.0, False)):  # the unreached one is no bound
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"reached": reached}))
     sweep = load_sweep(write_sweep(tmp_path, flags={**CARTPOLE, "target_reward": 40.0}))
-    scheduler = Scheduler(study, sweep, [], OBJECTIVES["env_steps_to_target"], str(tmp_path), 3, 1, [])
+    scheduler = Scheduler(study, storage, sweep, [], OBJECTIVES["env_steps_to_target"], str(tmp_path), 3, 1, [])
     assert scheduler.cost_bound() == bound
 
 
@@ -141,7 +148,8 @@ def test_a_run_that_completed_before_the_sweeps_signal_reached_it_is_complete(tm
     # The pruner can decide at a run's last checkpoint while the trainer writes its last files: the SIGINT then ends
     # a run that has completed, and the exit code is the signal's, not a failure of the run.
     result = {"reason": "reached --train_for_env_steps=1000", "completed": True, "failed": False, "env_steps": 1024,
-              "seconds": 1.0, "stats": {"0": {"reward": 50.0}}, "best_rewards": {"0": 50.0}, "target": None}
+              "seconds": 1.0, "stats": {"0": {"reward": 50.0}}, "final_rewards": {"0": 50.0},
+              "best_rewards": {"0": 50.0}, "target": None}
     exp_dir = tmp_path / "trial_0"
     # the handler is set as the trainer sets its own: a shell's background job (`cmd &`) starts with SIGINT ignored
     script = (f"import json, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -204,7 +212,7 @@ def test_a_study_prunes_a_hopeless_trial_records_a_failed_one_and_reports(tmp_pa
         assert os.path.exists(os.path.join(exp_dir, "done"))
         assert "Stopped: reached --train_for_env_steps=20000" in pathlib.Path(exp_dir, "output.txt").read_text()
         with open(os.path.join(exp_dir, "result.json")) as f:
-            assert study.trials[number].value == max(stats["reward"] for stats in json.load(f)["stats"].values())
+            assert study.trials[number].value == max(json.load(f)["final_rewards"].values())
 
     study_dir = os.path.join(train_dir, "cartpole")
     results = pathlib.Path(study_dir, "results.md").read_text()

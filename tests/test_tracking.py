@@ -8,6 +8,7 @@ import dataclasses
 import glob
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -251,6 +252,46 @@ def test_a_tracker_that_hangs_never_holds_the_caller_and_is_given_up_at_the_dead
     HangingWriter.release.set()
     tracker.thread.join(10)
     assert not tracker.thread.is_alive()
+
+
+def _child_of_a_tracking_runner(recorder: Recorder) -> None:
+    """A worker forked while the trackers run: what it does with its copy of them must neither wait nor reach them."""
+    recorder.scalars(0, 1, {"episode/reward": 1.0})
+    recorder.close(KILLED, seconds=1.0)
+    os._exit(0 if not recorder.tracking and not HangingWriter.aborted.is_set() else 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_forked_while_a_tracker_runs_carries_none_of_it():
+    # The tracker's thread holds its queue's lock at the fork (it takes it for each record): in the child no thread
+    # ever releases it. The child's copy must not wait on it, nor abort what the parent's tracker started.
+    HangingWriter.release.clear()
+    HangingWriter.aborted.clear()
+    tracker = Background(HangingWriter)
+    recorder = Recorder([tracker])
+    recorder.start()
+    held, fork_done = threading.Event(), threading.Event()
+
+    def hold_the_queue() -> None:
+        with tracker.records.mutex:
+            held.set()
+            fork_done.wait(30)
+
+    holder = threading.Thread(target=hold_the_queue)
+    holder.start()
+    held.wait(10)
+    child = multiprocessing.get_context("fork").Process(target=_child_of_a_tracking_runner, args=(recorder,))
+    child.start()  # as the supervisor starts a replacement worker
+    fork_done.set()
+    holder.join(10)
+    child.join(20)
+    if child.exitcode is None:
+        child.kill()
+        child.join(10)
+    HangingWriter.release.set()
+    recorder.close(KILLED, seconds=5.0)
+    assert child.exitcode == 0
+    assert recorder.writers == [] and not tracker.thread.is_alive() and not tracker.failed  # the parent's is whole
 
 
 def test_tracker_flags():
@@ -538,3 +579,50 @@ def test_mlflow_server_shows_the_runs_metrics_and_a_server_gone_mid_run_costs_on
     assert code == 0 and "Stopped: reached --train_for_env_steps=40000" in output, output[-3000:]
     stops = [line for line in output.splitlines() if "tracking stops" in line]
     assert len(stops) == 1 and "mlflow tracking stops: " in stops[0], output[-3000:]
+
+
+def _create_together(url: str, exp_dir: str, barrier) -> None:
+    """In a forked child: a run's MLflow writer whose first create_experiment waits for the other child's, so that both
+    found no experiment and both create it (two trials of a sweep starting together). Exit code 0: it tracks."""
+    from mlflow import MlflowClient
+
+    from appo.tracking.mlflow_writer import MlflowWriter
+
+    create = MlflowClient.create_experiment
+
+    def together(self, *args, **kwargs):
+        if not getattr(together, "waited", False):
+            together.waited = True
+            barrier.wait(60)
+        return create(self, *args, **kwargs)
+
+    MlflowClient.create_experiment = together
+    cfg = parse_config(["--env=CartPole-v1", "--with_mlflow=True", f"--mlflow_tracking_uri={url}",
+                        "--mlflow_experiment=together"])
+    try:
+        MlflowWriter(cfg, exp_dir, {"seed": 1}).close("FINISHED")
+    except Exception as exc:
+        print(f"{exp_dir}: {exc}", flush=True)
+        os._exit(1)
+    os._exit(0)
+
+
+@pytest.mark.timeout(180)
+def test_two_runs_that_create_the_same_mlflow_experiment_at_once_both_track(offline, tmp_path):
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    with mlflow_server(str(tmp_path)) as (url, _):
+        exp_dirs = [tmp_path / "train" / f"run{i}" for i in range(2)]
+        for exp_dir in exp_dirs:
+            exp_dir.mkdir(parents=True)
+        children = [context.Process(target=_create_together, args=(url, str(exp_dir), barrier)) for exp_dir in exp_dirs]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join(90)
+        assert [child.exitcode for child in children] == [0, 0]
+        experiment = rest(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="together")["experiment"]
+        run_ids = [saved_run_id(str(exp_dir), "mlflow") for exp_dir in exp_dirs]
+        runs = [rest(url, "/api/2.0/mlflow/runs/get", run_id=run_id)["run"]["info"] for run_id in run_ids]
+    assert [(run["run_name"], run["experiment_id"], run["status"]) for run in runs] == [
+        (f"run{i}", experiment["experiment_id"], "FINISHED") for i in range(2)]

@@ -58,7 +58,17 @@ def stuck_outcome(cfg, supervisor, last_progress: float, blocked_in: Callable[[]
 
 
 def budget_outcome(cfg, reports, elapsed: float) -> Outcome | None:
-    """The benchmark's, env steps' and seconds' budgets, and the reward and objective targets."""
+    """The reward and objective targets, then the benchmark's, env steps' and seconds' budgets: a run that meets
+    a target and a budget in the same tick reached its target (a sweep's *_to_target objectives read that)."""
+    for measure, target in (("reward", cfg.target_reward), ("objective", cfg.target_objective)):
+        solved = None if target is None else reports.solved_policy(target, measure)
+        if solved is not None:
+            reached = TargetReached(measure, target, solved[0], solved[1], reports.total_env_steps(),
+                                    time.time() - psutil.Process().create_time())
+            return Outcome(  # one line (scripts/time_to_solve.py reads it) within 120 columns
+                f"target {measure} {target:g} reached by p{reached.policy} (mean {reached.mean:.2f} of "
+                f"{cfg.stats_avg}) at {reached.seconds:.1f} s, {reached.env_steps} env steps", completed=True,
+                target=reached)
     if cfg.benchmark:  # the budgets count the measured period only, so it is never empty
         _, env_steps, samples = reports.measured()
         if env_steps >= cfg.benchmark_env_steps:
@@ -69,13 +79,4 @@ def budget_outcome(cfg, reports, elapsed: float) -> Outcome | None:
         return Outcome(f"reached --train_for_env_steps={cfg.train_for_env_steps}", completed=True)
     if elapsed >= cfg.train_for_seconds:
         return Outcome(f"reached --train_for_seconds={cfg.train_for_seconds}", completed=True)
-    for measure, target in (("reward", cfg.target_reward), ("objective", cfg.target_objective)):
-        solved = None if target is None else reports.solved_policy(target, measure)
-        if solved is not None:
-            reached = TargetReached(measure, target, solved[0], solved[1], reports.total_env_steps(),
-                                    time.time() - psutil.Process().create_time())
-            return Outcome(  # one line (scripts/time_to_solve.py reads it) within 120 columns
-                f"target {measure} {target:g} reached by p{reached.policy} (mean {reached.mean:.2f} of "
-                f"{cfg.stats_avg}) at {reached.seconds:.1f} s, {reached.env_steps} env steps", completed=True,
-                target=reached)
     return None

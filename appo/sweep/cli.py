@@ -121,10 +121,6 @@ def sweep(args: argparse.Namespace, extra: list[str]) -> int:
                                           create=not args.report)
     ended = "finished"
     if not args.report:
-        failed = study.fail_abandoned(the_study, storage)
-        if failed:
-            log.warning("Trials %s were left running by a sweep process that is gone: marked FAIL, their params "
-                        "enqueued to run again", ", ".join(map(str, failed)))
         finished = study.count(the_study, *study.FINISHED)
         log.info("%s study %s (%s, %s sampler, %s pruner) in %s: %d of %d trials finished",
                  "New" if created else "Continuing", name, objective.name, sampler, pruner, url, finished, trials)
@@ -133,7 +129,8 @@ def sweep(args: argparse.Namespace, extra: list[str]) -> int:
                  "its inference workers and learner", args.parallel, "s" if args.parallel > 1 else "", cores,
                  cfg.num_workers, "s" if cfg.num_workers > 1 else "")
         started = time.monotonic()
-        ended = Scheduler(the_study, sweep_file, extra, objective, study_dir, trials, args.parallel, points).run()
+        ended = Scheduler(the_study, storage, sweep_file, extra, objective, study_dir, trials, args.parallel,
+                          points).run()
         log.info("This run of the sweep: %s after %.0f s", ended, time.monotonic() - started)
         if ended == "interrupted":
             log.info("Run the same command again to continue the study")

@@ -1,9 +1,11 @@
 """What a sweep optimises, read from each trial's `result.json` (appo/launch.py `write_result`).
 
 The reward objectives are maximised, the *_to_target ones (cost until --target_reward or --target_objective is
-reached) minimised. A trial that never reaches the target is given twice what it used (env steps or seconds) as its
-value: it ranks behind every trial that reached the target for less than that, and a run that ended at its budget
-without the target is behind every run that reached it within the same budget. Its `reached` user attr is False.
+reached) minimised. A reward objective scores only a full --stats_avg window (every env having ended an episode), as
+the targets do; a trial without one fails. A trial that never reaches the target is given twice what it used (env
+steps or seconds) as its value: it ranks behind every trial that reached the target for less than that, and a run
+that ended at its budget without the target is behind every run that reached it within the same budget. Its
+`reached` user attr is False.
 """
 
 from __future__ import annotations
@@ -51,16 +53,18 @@ class Objective:
 
 
 def best_policy_reward(result: dict[str, Any], best: bool) -> float:
-    """The mean reward of the run's best policy at the end (over its last --stats_avg episodes) or, with `best`, the
-    highest mean of a full --stats_avg window during the run (the mean at the end for a policy that never filled
-    one)."""
+    """The full-window mean reward of the run's best policy at the end (over its last --stats_avg episodes, every env
+    having ended one: the rule of the targets) or, with `best`, the highest such mean during the run. A run in which
+    no policy filled a window has no score: its few episodes would rank it by luck."""
     stats = result.get("stats") or {}
     if not stats:
         raise TrialFailure("no episode finished")
-    rewards = []
-    for policy, values in stats.items():
-        best_reward = (result.get("best_rewards") or {}).get(policy) if best else None
-        rewards.append(values["reward"] if best_reward is None else best_reward)
+    means = (result.get("best_rewards") if best else result.get("final_rewards")) or {}
+    rewards = [mean for mean in means.values() if mean is not None]
+    if not rewards:
+        episodes = " and ".join(str(values.get("episodes")) for values in stats.values())
+        raise TrialFailure(f"no policy filled a full --stats_avg window ({episodes} episodes; every env must have "
+                           "ended one too)")
     return max(rewards)
 
 

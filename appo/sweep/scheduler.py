@@ -1,8 +1,10 @@
 """Runs a study's trials, --parallel at a time, from the sweep's main thread (each trainer's PR_SET_PDEATHSIG is tied
 to the thread that started it), until the study has --trials finished trials (COMPLETE or PRUNED: a failed trial
-does not count, so the total is reached however many fail), the sweep is stopped (Ctrl-C or SIGTERM: the running
-trials get SIGINT, are marked FAIL and their params enqueued again; a second Ctrl-C kills them at once), or
-MAX_FAILURES_IN_A_ROW trials failed one after the other (a sweep that cannot work: its reasons are in results.md).
+does not count, so the total is reached however many fail) and none running anywhere (a trial left RUNNING by a
+sweep that is gone is failed once study.abandoned says so, and its params run again here), the sweep is stopped
+(Ctrl-C or SIGTERM: the running trials get SIGINT, are marked FAIL and their params enqueued again; a second Ctrl-C
+kills them at once), or MAX_FAILURES_IN_A_ROW trials failed one after the other (a sweep that cannot work: its
+reasons are in results.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from optuna.trial import TrialState
 
 from appo.sweep.objectives import Objective
 from appo.sweep.space import Sweep
-from appo.sweep.study import FINISHED, claim, count
+from appo.sweep.study import FINISHED, RENEW_S, claim, count, fail_abandoned
 from appo.sweep.trial import Ended, TrialRun
 from appo.utils.logs import log
 
@@ -37,13 +39,15 @@ def params_text(params: dict[str, Any]) -> str:
 class Scheduler:
     """Asks the study for trials, runs them, tells it how they ended."""
 
-    def __init__(self, study: optuna.Study, sweep: Sweep, extra: list[str], objective: Objective, study_dir: str,
-                 trials: int, parallel: int, checkpoints: list[int]):
-        self.study, self.sweep, self.extra, self.objective = study, sweep, extra, objective
+    def __init__(self, study: optuna.Study, storage: optuna.storages.BaseStorage, sweep: Sweep, extra: list[str],
+                 objective: Objective, study_dir: str, trials: int, parallel: int, checkpoints: list[int]):
+        self.study, self.storage, self.sweep, self.extra, self.objective = study, storage, sweep, extra, objective
         self.study_dir, self.trials, self.parallel, self.checkpoints = study_dir, trials, parallel, checkpoints
         self.running: list[TrialRun] = []
         self.signals = 0  # Ctrl-C and SIGTERM received
         self.failures_in_a_row = 0
+        self.claims_due = 0.0  # time.monotonic() of the next `keep_claims`
+        self.said_waiting = False  # that this sweep waits for trials of others
 
     def run(self) -> str:
         """Until done; returns how it ended: "finished", "interrupted" or "gave up"."""
@@ -54,13 +58,23 @@ class Scheduler:
         previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not self.signals:
+                self.keep_claims()
                 self.start_trials()
                 if not self.running:
-                    break
+                    elsewhere = 0 if self.gave_up() else count(self.study, TrialState.RUNNING)
+                    if not elsewhere:
+                        break
+                    if not self.said_waiting:
+                        log.info("Waiting for %d trials that other sweep processes run (or ran: their claims are "
+                                 "checked every %.0f s)", elsewhere, RENEW_S)
+                        self.said_waiting = True
                 self.wait(wake_read, POLL_S)
                 bound = self.cost_bound()
                 for run in list(self.running):
-                    run.watch(bound)
+                    try:
+                        run.watch(bound)
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        self.lost(run)
                     self.end_if_over(run)
             if self.signals:
                 self.stop_all(wake_read)
@@ -87,6 +101,31 @@ class Scheduler:
 
     def gave_up(self) -> bool:
         return self.failures_in_a_row >= MAX_FAILURES_IN_A_ROW
+
+    # ---------------------------------------------------------------- claims
+    def keep_claims(self) -> None:
+        """Every RENEW_S: renew the claims of this sweep's running trials, and fail the trials that no sweep runs any
+        more (study.fail_abandoned: their params are enqueued, so this sweep runs them if the study needs them)."""
+        if time.monotonic() < self.claims_due:
+            return
+        self.claims_due = time.monotonic() + RENEW_S
+        for run in self.running:
+            try:
+                claim(run.trial)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                self.lost(run)
+        failed = fail_abandoned(self.study, self.storage)
+        if failed:
+            log.warning("Trials %s were left running by a sweep process that is gone: marked FAIL, their params "
+                        "enqueued to run again", ", ".join(map(str, failed)))
+
+    def lost(self, run: TrialRun) -> None:
+        """Another sweep failed this trial as abandoned (its claim had lapsed) and enqueued its params: stop it here;
+        its end is not told (`end_if_over`)."""
+        if run.stop_reason is None:
+            log.warning("Trial %d was failed by another sweep (its claim here had lapsed): stopping it",
+                        run.trial.number)
+            run.stop("failed by another sweep as abandoned")
 
     # ---------------------------------------------------------------- trials
     def start_trials(self) -> None:
@@ -127,8 +166,13 @@ class Scheduler:
         if run.running():
             return
         self.running.remove(run)
-        ended = run.finish()
-        self.tell(run.trial, ended)
+        try:
+            ended = run.finish()
+            self.tell(run.trial, ended)
+        except optuna.exceptions.UpdateFinishedTrialError:  # failed meanwhile by another sweep: `lost`
+            log.warning("Trial %d ended here after another sweep failed it as abandoned: its end is dropped",
+                        run.trial.number)
+            return
         if ended.state is TrialState.FAIL and not ended.rerun:
             self.failures_in_a_row += 1
             if self.gave_up():

@@ -3,9 +3,10 @@ again continues it.
 
 The study lives in any Optuna RDB storage: by default SQLite at <train_dir>/<study>/study.db; a PostgreSQL or MySQL
 URL lets sweeps on many machines share one study. It remembers the sweep that made it (env, fixed flags, space,
-extra trainer flags, objective) and refuses to be continued by another. Each trial records the host and pid of the
-sweep process that runs it, so that a later run on the same host can tell a trial whose sweep was killed (left
-RUNNING for ever) from one still running: the first is marked FAIL and its params are enqueued to run again.
+extra trainer flags, objective) and refuses to be continued by another. Each trial records, in one write, the host
+and pid of the sweep process that runs it and when that process last renewed the record (every RENEW_S), so that a
+later sweep, on any host, can tell a trial whose sweep was killed (left RUNNING for ever) from one still running: the
+first is marked FAIL and its params are enqueued to run again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import importlib.util
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +29,11 @@ from appo.sweep.objectives import Objective
 from appo.sweep.space import Sweep
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what --trials counts
-# A trial asked for by a sweep that died before it recorded its host and pid is abandoned after this long.
-UNCLAIMED_S = 60.0
+CLAIM = "claim"  # the trial's user attr naming the sweep process that runs it
+CLAIM_KEYS = ("host", "pid", "pid_started")
+UNCLAIMED_S = 60.0  # a RUNNING trial with no claim this long after it started: its sweep died before claiming it
+RENEW_S = 30.0  # how often a sweep renews the claims of its running trials
+LEASE_S = 600.0  # a claim of another host not renewed this long: its sweep is gone (clocks must agree within this)
 SAMPLER_PACKAGES = {"cmaes": "cmaes", "qmc": "scipy"}  # Optuna's samplers that need a package of their own
 
 
@@ -119,42 +124,61 @@ def check_same_sweep(study: optuna.Study, url: str, fingerprint: dict[str, Any],
 
 
 def claim(trial: optuna.Trial) -> None:
-    """Record which sweep process runs the trial (see `fail_abandoned`)."""
+    """Record which sweep process runs the trial, and that it still does, in one write (a kill cannot leave half a
+    claim); the scheduler calls it again every RENEW_S while the trial runs (see `abandoned`). Raises optuna's
+    UpdateFinishedTrialError when the trial has been failed meanwhile (by another sweep: its claim had lapsed)."""
     me = psutil.Process()
-    trial.set_user_attr("host", socket.gethostname())
-    trial.set_user_attr("pid", me.pid)
-    trial.set_user_attr("pid_started", me.create_time())
+    trial.set_user_attr(CLAIM, {"host": socket.gethostname(), "pid": me.pid, "pid_started": me.create_time(),
+                                "renewed": time.time()})
 
 
-def sweep_alive(attrs: dict[str, Any]) -> bool:
-    """Whether the sweep process that claimed a trial on this host still runs (the same pid, started then)."""
+def claim_of(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """A trial's claim: the one-write dict, or the host, pid and pid_started attrs that sweeps before it wrote apart
+    (no renewal time); None when there is none, or only part of one."""
+    found = attrs.get(CLAIM, {key: attrs[key] for key in CLAIM_KEYS if key in attrs})
+    return found if isinstance(found, dict) and all(key in found for key in CLAIM_KEYS) else None
+
+
+def sweep_alive(found: dict[str, Any]) -> bool:
+    """Whether the sweep process of a claim made on this host still runs (the same pid, started then)."""
     try:
-        return abs(psutil.Process(attrs["pid"]).create_time() - attrs["pid_started"]) < 0.01
+        return abs(psutil.Process(found["pid"]).create_time() - found["pid_started"]) < 0.01
     except psutil.NoSuchProcess:
         return False
 
 
-def abandoned(trial: FrozenTrial) -> bool:
-    attrs = trial.user_attrs
-    if "host" not in attrs:
-        age = datetime.datetime.now() - (trial.datetime_start or datetime.datetime.now())
-        return age.total_seconds() > UNCLAIMED_S
-    return attrs["host"] == socket.gethostname() and not sweep_alive(attrs)
+def abandoned(trial: FrozenTrial) -> str | None:
+    """Why a RUNNING trial has no sweep running it any more; None while it may have one. A claim of this host is
+    judged by its process; another host's by its lease (LEASE_S since it was last renewed: the sweep there renews it
+    every RENEW_S); a trial never claimed by its age (its sweep died between asking for it and claiming it)."""
+    now = time.time()
+    started = (trial.datetime_start or datetime.datetime.now()).timestamp()
+    found = claim_of(trial.user_attrs)
+    if found is None:
+        return None if now - started <= UNCLAIMED_S else "its sweep process ended before it claimed it"
+    if found["host"] == socket.gethostname():
+        return None if sweep_alive(found) else f"its sweep process (pid {found['pid']}) ended while it ran"
+    silent = now - found.get("renewed", started)
+    if silent <= LEASE_S:
+        return None
+    return f"its sweep process on {found['host']} (pid {found['pid']}) renewed its claim {silent / 60:.0f} min ago"
 
 
 def fail_abandoned(study: optuna.Study, storage: optuna.storages.RDBStorage) -> list[int]:
-    """Trials left RUNNING by a sweep of this host that is gone (killed): marked FAIL with the reason, and their
-    params enqueued again so that they are re-run. Trials of sweeps on other hosts are theirs to judge. Returns the
-    numbers of the trials failed."""
+    """RUNNING trials that no sweep runs any more (`abandoned`), whichever host claimed them: marked FAIL with the
+    reason, and their params enqueued again so that they are re-run. Returns the numbers of the trials failed."""
     study_id = storage.get_study_id_from_name(study.study_name)
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not abandoned(trial):
+        why = abandoned(trial)
+        if why is None:
             continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-        storage.set_trial_user_attr(trial_id, "reason", f"its sweep process (pid {trial.user_attrs.get('pid')}) "
-                                                        "ended while it ran; re-enqueued")
-        study.tell(trial.number, state=TrialState.FAIL)
+        try:
+            storage.set_trial_user_attr(trial_id, "reason", f"{why}; re-enqueued")
+        except optuna.exceptions.UpdateFinishedTrialError:  # ended meanwhile, or failed by another sweep
+            continue
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         if trial.params:
             study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
         failed.append(trial.number)

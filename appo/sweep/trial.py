@@ -4,9 +4,10 @@ console output kept there as output.txt), watched while it runs.
 - The trainer runs in a process group of its own, so a terminal's Ctrl-C reaches the sweep alone, which stops its
   trials in order; and with PR_SET_PDEATHSIG = SIGTERM, so that if the sweep is killed the trainer stops as on
   Ctrl-C (its workers, then its shared memory) instead of running on unwatched.
-- While it runs, its tensorboard summaries (episode/reward of policy 0, at env steps) are read; once the run has
-  passed a checkpoint (every train_for_env_steps / checkpoints env steps) the latest mean at or before it is
-  reported to Optuna, so the median pruner compares trials at the same env steps.
+- While it runs, its tensorboard summaries (policy 0's, at env steps) are read; once the run has passed a checkpoint
+  (every train_for_env_steps / checkpoints env steps) the latest full-window mean (episode/full_window_reward: the
+  rule of the targets) at or before it is reported to Optuna, so the median pruner compares trials at the same env
+  steps.
 - A trial is stopped with SIGINT (the trainer saves a checkpoint and exits), SIGKILL to its group STOP_GRACE_S later.
 - When it ends, its value comes from its result.json; a failure keeps the last error line of its output as reason.
 """
@@ -102,19 +103,23 @@ class TrialRun:
                           f"target; the best trial needed {bound:.0f}")
 
     def passed_checkpoints(self) -> list[tuple[int, float]]:
-        """(checkpoint, latest mean reward at or before it) for each checkpoint the run has passed since the last
-        call; a checkpoint passed before any mean exists is skipped."""
+        """(checkpoint, latest full-window mean reward at or before it) for each checkpoint the run has passed since
+        the last call; a checkpoint passed before a full window exists is skipped."""
         try:
             if self.summaries is None:
                 self.summaries = summaries_reader(self.exp_dir, 0)
             else:
                 self.summaries.Reload()  # what was written since the last look
-            steps, rewards = curve(self.summaries, self.exp_dir, "episode/reward", "env_steps")
+            steps, _ = curve(self.summaries, self.exp_dir, "episode/reward", "env_steps")
         except ConfigError:  # no summaries, or no episode ended yet
             return []
         self.env_steps = int(steps[-1])
         passed = [c for c in self.pending if c <= steps[-1]]
         self.pending = self.pending[len(passed):]
+        try:
+            steps, rewards = curve(self.summaries, self.exp_dir, "episode/full_window_reward", "env_steps")
+        except ConfigError:  # no full window yet
+            return []
         found = []
         for checkpoint in passed:
             i = int(np.searchsorted(steps, checkpoint, side="right")) - 1

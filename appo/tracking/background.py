@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 from appo.tracking.writer import Writer, one_line
@@ -13,6 +15,7 @@ from appo.utils.logs import log
 QUEUE_SIZE = 1000  # records waiting for the tracker; at one a policy per --experiment_summaries_interval, hours
 POLL_S = 0.5  # how often an idle thread looks whether the run has ended (a full queue may leave no room to say so)
 _CLOSE = object()
+_STARTED: weakref.WeakSet[Background] = weakref.WeakSet()  # this process's trackers whose thread has started
 
 
 class Background(Writer):
@@ -22,9 +25,10 @@ class Background(Writer):
     (`<tracker> stops: ...`) and the tracker's later records are dropped; training never notices.
 
     The thread starts with `start()`, which the runner calls once its workers are forked (a fork while another thread
-    imports a module could leave the child a half-imported module it waits on forever). `close(status)` hands over
-    the end of the run, `wait(deadline)` gives the thread until then; one still busy is given up (said in its one
-    line) and the writer's `abort` ends what it started outside this process."""
+    imports a module could leave the child a half-imported module it waits on forever). A worker forked later (a
+    replacement) gets a copy of each started tracker without its thread: `_forget_in_child` makes that copy inert.
+    `close(status)` hands over the end of the run, `wait(deadline)` gives the thread until then; one still busy is
+    given up (said in its one line) and the writer's `abort` ends what it started outside this process."""
 
     def __init__(self, writer_class: type[Writer], *args: Any) -> None:
         self.writer_class, self.args = writer_class, args
@@ -39,6 +43,14 @@ class Background(Writer):
 
     def start(self) -> None:
         self.thread.start()
+        _STARTED.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: the thread and the writer's run are the parent's. Records are dropped, close and wait do
+        nothing (no abort of the parent's service), and no lock is taken that the parent's thread may have held at
+        the fork: the queue and the events are new."""
+        self.failed, self.thread = True, threading.Thread(target=self._work)  # never started: `wait` returns at once
+        self.records, self.closing, self._fail_lock = queue.Queue(1), threading.Event(), threading.Lock()
 
     # ---------------------------------------------------------------- the runner's side: never waits
     def scalars(self, policy: int, env_steps: int, wall_time: float, values: dict[str, float]) -> None:
@@ -110,3 +122,12 @@ class Background(Writer):
                 writer.close(self.status)
             except Exception as exc:
                 self._fail(writer.describe(exc))
+
+
+def _forget_in_child() -> None:
+    for background in list(_STARTED):
+        background.forget()
+    _STARTED.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -18,6 +18,7 @@ from appo.tracking.runs import remember_run, tracker_run
 from appo.tracking.writer import Writer
 
 SQLITE = "sqlite:///"
+CREATE_TRIES = 3  # creates of an experiment that another run may make meanwhile
 
 
 def tracking_uri(cfg: Config, exp_dir: str) -> str:
@@ -100,17 +101,29 @@ class MlflowWriter(Writer):
             raise
         return run if run.info.lifecycle_stage == "active" else None
 
+    def _experiment_id(self, name: str) -> str:
+        """The experiment `name`, made (or restored) if need be. Runs that start together on a server (a sweep's
+        parallel trials; a SQLite store is under `store_lock`) may both find none and both create it: the one told
+        that it exists meanwhile reads it."""
+        from mlflow.exceptions import MlflowException
+
+        database = sqlite_path(self.uri)
+        artifacts = None if database is None else pathlib.Path(os.path.dirname(database), "mlartifacts").as_uri()
+        experiment, tries = self.client.get_experiment_by_name(name), CREATE_TRIES
+        while experiment is None:
+            try:
+                return self.client.create_experiment(name, artifact_location=artifacts)
+            except MlflowException as exc:
+                tries -= 1
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS" or tries == 0:
+                    raise
+            experiment = self.client.get_experiment_by_name(name)
+        if experiment.lifecycle_stage == "deleted":  # its name is taken until it is restored
+            self.client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+
     def _new_run(self, cfg: Config, exp_dir: str) -> Any:
-        name = experiment_name(cfg, exp_dir)
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is None:
-            database = sqlite_path(self.uri)
-            artifacts = None if database is None else pathlib.Path(os.path.dirname(database), "mlartifacts").as_uri()
-            experiment_id = self.client.create_experiment(name, artifact_location=artifacts)
-        else:
-            experiment_id = experiment.experiment_id
-            if experiment.lifecycle_stage == "deleted":  # its name is taken until it is restored
-                self.client.restore_experiment(experiment_id)
+        experiment_id = self._experiment_id(experiment_name(cfg, exp_dir))
         run = self.client.create_run(experiment_id, run_name=os.path.basename(exp_dir),
                                      tags={"appo.experiment_dir": os.path.abspath(exp_dir)})
         remember_run(exp_dir, "mlflow", {"run_id": run.info.run_id, "tracking_uri": self.uri,

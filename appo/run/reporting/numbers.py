@@ -109,9 +109,15 @@ class Numbers:
         return values if len(values) == self.cfg.stats_avg else None
 
     def full_window_mean(self, policy: int, measure: str) -> float | None:
-        """Mean episode "reward" or "objective" over the last --stats_avg episodes; None until there are that many."""
+        """Mean episode "reward" or "objective" over the last --stats_avg episodes; None until `_full_window` has
+        them. The one rule of the targets, the best reward, PBT and a sweep's scores and pruning."""
         values = self._full_window(policy, measure)
         return None if values is None else float(np.mean(values))
+
+    def final_rewards(self) -> list[float | None]:
+        """Each policy's full-window mean reward now (None without a full window): a sweep's final_reward score, judged
+        by the rule of the targets rather than by the short episodes of a run that ended early."""
+        return [self.full_window_mean(policy, "reward") for policy in range(self.cfg.num_policies)]
 
     def objective(self, policy: int) -> float | None:
         """What PBT ranks the policy by."""

@@ -48,6 +48,9 @@ class SummaryWriters:
         episode = numbers.mean_episode(p)
         if episode is not None:
             values["episode/reward"], values["episode/length"] = episode
+        full_window = numbers.full_window_mean(p, "reward")
+        if full_window is not None:  # what a sweep's pruner reads (appo/sweep/trial.py)
+            values["episode/full_window_reward"] = full_window
         values.update((f"episode_extra/{name}", value) for name, value in numbers.extra_means(p).items())
         values.update((f"{'lag' if key.startswith('lag') else 'learner'}/{key}", value)
                       for key, value in policy.stats.items())
