@@ -92,6 +92,7 @@ def assert_finished_with_exactly_the_trials(tmp_path, trials: int = TRIALS) -> N
     wait_for(lambda: not processes_mentioning(str(tmp_path)), 10, "end of every process of the sweep")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_sweep_killed_at_each_step_of_a_trial_finishes_with_exactly_its_trials(tmp_path):
     # Each kill is followed at once by the next run, well within UNCLAIMED_S of the trial it left unclaimed.
@@ -101,6 +102,7 @@ def test_a_sweep_killed_at_each_step_of_a_trial_finishes_with_exactly_its_trials
     assert_finished_with_exactly_the_trials(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60 + 10 * KILLS)
 def test_a_sweep_killed_at_random_moments_in_a_row_finishes_with_exactly_its_trials(tmp_path):
     # About a trial a run between the kills: twice as many trials as kills leaves the last run some to do.

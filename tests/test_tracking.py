@@ -607,6 +607,7 @@ def _create_together(url: str, exp_dir: str, barrier) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_runs_that_create_the_same_mlflow_experiment_at_once_both_track(offline, tmp_path):
     context = multiprocessing.get_context("fork")
