@@ -1,4 +1,4 @@
-"""What a sweep optimises, read from each trial's `result.json` (appo/launch.py `write_result`).
+"""What a sweep optimises, read from each trial's `result.json` (appo/run/result.py `RunResult`).
 
 The reward objectives are maximised, the *_to_target ones (cost until --target_reward or --target_objective is
 reached) minimised. A trial that never reaches the target is given twice what it used (env steps or seconds) as its
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+
+from appo.run.result import RunResult
 
 NOT_REACHED_FACTOR = 2.0  # a trial without the target: this times what it used
 
@@ -30,14 +31,13 @@ class Objective:
     def needs_target(self) -> bool:
         return self.cost is not None
 
-    def value(self, result: dict[str, Any]) -> tuple[float, bool | None]:
+    def value(self, result: RunResult) -> tuple[float, bool | None]:
         """The trial's value from its result.json, and whether it reached the target (None for reward objectives)."""
         if self.cost is not None:
-            target = result.get("target")
-            if target is not None:
-                value, reached = float(target[self.cost]), True
+            if result.target is not None:
+                value, reached = float(getattr(result.target, self.cost)), True
             else:
-                value, reached = NOT_REACHED_FACTOR * float(result[self.cost]), False
+                value, reached = NOT_REACHED_FACTOR * float(getattr(result, self.cost)), False
         else:
             value, reached = best_policy_reward(result, best=self.name == "best_reward"), None
         if not math.isfinite(value):
@@ -50,18 +50,13 @@ class Objective:
         return reward if self.direction == "maximize" else -reward
 
 
-def best_policy_reward(result: dict[str, Any], best: bool) -> float:
+def best_policy_reward(result: RunResult, best: bool) -> float:
     """The mean reward of the run's best policy at the end (over its last --stats_avg episodes) or, with `best`, the
     highest mean of a full --stats_avg window during the run (the mean at the end for a policy that never filled
     one)."""
-    stats = result.get("stats") or {}
-    if not stats:
+    if not result.stats:
         raise TrialFailure("no episode finished")
-    rewards = []
-    for policy, values in stats.items():
-        best_reward = (result.get("best_rewards") or {}).get(policy) if best else None
-        rewards.append(values["reward"] if best_reward is None else best_reward)
-    return max(rewards)
+    return max(result.best_reward(policy) if best else result.final_reward(policy) for policy in result.stats)
 
 
 OBJECTIVES = {objective.name: objective for objective in (
