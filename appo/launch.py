@@ -49,7 +49,7 @@ from appo.learning.checkpoint import (
 from appo.memory.buffers import Layout
 from appo.population.pbt import load_population
 from appo.preflight import check_extension, check_machine, check_platform
-from appo.run.stopping import Outcome
+from appo.run.result import RunResult, result_path
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
@@ -128,32 +128,32 @@ def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult
     runner = Runner(cfg, info, exp_dir, initial_env_steps, registered_hooks + (hooks or Hooks()))
     outcome = runner.run()
     stats = runner.reports.final_stats()
-    write_result(exp_dir, outcome, runner.reports.total_env_steps(), time.monotonic() - started, stats,
-                 runner.reports.numbers.best_rewards, runner.reports.numbers.final_rewards())
+    checkpoints = newest_checkpoints(exp_dir, cfg.num_policies)
+    numbers = runner.reports.numbers
+    write_result(exp_dir, RunResult(outcome.reason, outcome.completed, outcome.failed,
+                                    env_steps=runner.reports.total_env_steps(),
+                                    seconds=round(time.monotonic() - started, 3), stats=stats,
+                                    best_rewards=dict(enumerate(numbers.best_rewards)),
+                                    final_rewards=dict(enumerate(numbers.final_rewards())),
+                                    checkpoints=dict(enumerate(checkpoints)), target=outcome.target))
     if outcome.completed:
         done = os.path.join(exp_dir, "done")
         try:
             atomic_write_text(done, outcome.reason + "\n")
         except OSError as exc:  # the run is complete all the same: run again, it resumes and stops at once
             log.error("The run is complete, but its done marker is not written: %s", write_failure(done, exc))
-    return TrainResult(exp_dir, runner.reports.total_env_steps(), stats, newest_checkpoints(exp_dir, cfg.num_policies),
-                       outcome.reason, outcome.completed, outcome.failed)
+    return TrainResult(exp_dir, runner.reports.total_env_steps(), stats, checkpoints, outcome.reason,
+                       outcome.completed, outcome.failed)
 
 
-def write_result(exp_dir: str, outcome: Outcome, env_steps: int, seconds: float, stats: dict[int, dict[str, float]],
-                 best_rewards: list[float | None], final_rewards: list[float | None]) -> None:
-    """`<exp_dir>/result.json`: how the run ended, in a form programs read (the sweeps of appo/sweep/ take their
-    objective from it) rather than the log's words. `seconds` is this run's (a resumed run's earlier sessions are not
-    counted); a reached target's `seconds` count from the process's start, as its stop line says."""
-    path = os.path.join(exp_dir, "result.json")
-    result = {"reason": outcome.reason, "completed": outcome.completed, "failed": outcome.failed,
-              "env_steps": env_steps, "seconds": round(seconds, 3),
-              "stats": {str(p): values for p, values in stats.items()},  # per policy, as TrainResult.stats
-              "best_rewards": {str(p): best for p, best in enumerate(best_rewards)},  # best full-window means
-              "final_rewards": {str(p): mean for p, mean in enumerate(final_rewards)},  # full-window means at the end
-              "target": None if outcome.target is None else dataclasses.asdict(outcome.target)}
+def write_result(exp_dir: str, result: RunResult) -> None:
+    """`<exp_dir>/result.json`: how the run ended, in a form programs read (appo/run/result.py `read_result`: the
+    sweeps, the benchmark scripts, the tests) rather than the log's words. `seconds` is this run's (a resumed run's
+    earlier sessions are not counted); a reached target's `seconds` count from the process's start, as its stop line
+    says."""
+    path = result_path(exp_dir)
     try:
-        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(result.to_dict(), indent=2) + "\n")
     except OSError as exc:  # the run itself is over and said how it ended in the log
         log.error("The run's result.json is not written: %s", write_failure(path, exc))
 

@@ -19,8 +19,8 @@ import os
 import statistics
 import tempfile
 
-from bench_common import sampler_only_fps
-from time_to_solve import run_once
+from appo.tools.raw_limit import sampler_only_fps
+from appo.tools.trainer_process import run_trainer
 
 
 def measure(args: argparse.Namespace, backend_args: list[str], index: int) -> dict:
@@ -31,9 +31,9 @@ def measure(args: argparse.Namespace, backend_args: list[str], index: int) -> di
         return {"value": summary["env_frames_per_s"], "bottleneck": summary["bottleneck"],
                 "cluster": summary.get("cluster")}
     with tempfile.TemporaryDirectory() as train_dir:
-        seconds, env_steps = run_once(["--env=CartPole-v1", *backend_args, *args.trainer_args], 475.0, 120.0,
-                                      train_dir, index)
-    return {"value": float("inf") if seconds is None else seconds, "env_steps": env_steps}
+        run = run_trainer([f"--train_dir={train_dir}", f"--experiment=solve_{index}", "--target_reward=475",
+                           "--train_for_seconds=120", "--env=CartPole-v1", *backend_args, *args.trainer_args])
+    return {"value": float("inf") if run.solved_s is None else run.solved_s, "env_steps": run.solved_env_steps}
 
 
 def ray_run(args: argparse.Namespace, index: int) -> dict:

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import os
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -37,14 +35,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from appo.config.cfg import make_config  # noqa: E402
-from appo.config.hyperparams import Hyperparams  # noqa: E402
-from appo.envs.doom.actions import FULL_BUTTONS, ActionSet  # noqa: E402
-from appo.learning.model import ActorCritic  # noqa: E402
-from appo.learning.ppo import forward_trajectories, train_step  # noqa: E402
-from appo.learning.precision import minibatch, observations, seconds_per_call  # noqa: E402
-from appo.memory.buffers import rnn_size  # noqa: E402
+from appo.config.cfg import make_config
+from appo.config.hyperparams import Hyperparams
+from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
+from appo.learning.model import ActorCritic
+from appo.learning.ppo import forward_trajectories, train_step
+from appo.learning.precision import minibatch, observations, seconds_per_call
+from appo.memory.buffers import rnn_size
 
 TOLERANCE = {False: 1e-4, True: 3e-2}  # relative L2 error of logits and values: float32, bfloat16 options
 GRADIENT_TOLERANCE = {False: 1e-3, True: 1e-1}  # of all the weights' gradients together

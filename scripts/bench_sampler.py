@@ -16,9 +16,8 @@ import argparse
 import json
 import time
 
-from bench_common import env_steps_for, plain_process_steps, raw_limit, sampler_only_fps
-
 from appo.envs import env_info
+from appo.tools.raw_limit import env_steps_for, plain_process_steps, raw_limit, sampler_only_fps
 
 
 def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: int, seconds: float, start_at: float,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench_common import env_steps_for, raw_limit, sampler_only_fps
+from appo.tools.raw_limit import env_steps_for, raw_limit, sampler_only_fps
 
 
 def main() -> None:

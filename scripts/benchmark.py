@@ -52,13 +52,12 @@ from typing import Any
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pbt_experiment import final_stats  # noqa: E402
-from time_to_solve import run_trainer  # noqa: E402
-
-from appo.config.auto import cpu_has_bf16  # noqa: E402
-from appo.run.reporting.formatting import duration, si  # noqa: E402
-from appo.utils.files import atomic_write_text  # noqa: E402
+from appo.config.auto import cpu_has_bf16
+from appo.learning.checkpoint import newest_checkpoints, parse_name
+from appo.run.reporting.formatting import duration, si
+from appo.run.result import read_result
+from appo.tools.trainer_process import run_trainer
+from appo.utils.files import atomic_write_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,9 +151,6 @@ SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, comm
 STATS_AVG = 100  # episodes in the final mean return (CleanRL-style "last 100 episodes")
 CURVE_POINTS = 500_000  # env steps per second of summaries interval: a few hundred points a run, 1 to 30 s apart
 OWN_FLAGS = ("--env", "--seed", "--train_for_env_steps", "--train_dir", "--experiment")
-SUMMARY_STEPS = re.compile(r"Summary: [^,]*, (\d+) env steps")
-FINAL_EPISODES = re.compile(r"\bp0: final reward \S+ \(best [^)]*\) over (\d+) episodes")
-RESUMED = re.compile(r"policy 0: resumed from \S+ \(version \d+, (\d+) env steps\)")
 ENJOY_SUMMARY = re.compile(r"(\d+) episodes: return (-?[0-9.]+) ± ([0-9.]+), length ([0-9.]+)")
 
 
@@ -358,10 +354,10 @@ def train(cell: Cell) -> str:
     write_json(path, [*segments, segment])
     print(f"{cell.table} {cell.name}: python -m appo.train {shlex.join(cell.flags())}  "
           f"(segment {len(segments) + 1}; log: {os.path.join(cell.exp_dir, 'log.txt')})", flush=True)
+    newest = newest_checkpoints(cell.exp_dir, 1)[0]  # the one the trainer resumes from
+    segment["resumed_from_env_steps"] = 0 if newest is None else parse_name(newest)[1]
     run = run_trainer(cell.flags())
     segment["end"] = time.time()
-    resumed = RESUMED.search(run.output)
-    segment["resumed_from_env_steps"] = int(resumed.group(1)) if resumed else 0
     segment["returncode"] = run.returncode
     write_json(path, [*segments, segment])
     if os.path.exists(os.path.join(cell.exp_dir, "done")):
@@ -387,22 +383,19 @@ def evaluate(cell: Cell, episodes: int) -> dict | None:
 
 
 def result_of(cell: Cell, evaluation: dict) -> dict:
-    """The finished cell's numbers, from its log.txt (every segment's output, appended) and its segments."""
-    with open(os.path.join(cell.exp_dir, "log.txt")) as f:
-        log = f.read()
-    stats = final_stats(log).get(0, {})
-    steps, episodes = SUMMARY_STEPS.findall(log), FINAL_EPISODES.findall(log)
+    """The finished cell's numbers, from its result.json (its last segment's, which counts the env steps of all)
+    and its segments."""
+    final = read_result(cell.exp_dir)
+    stats = final.stats.get(0, {})
     segments = read_json(os.path.join(cell.exp_dir, SEGMENTS), [])
     close_cut_segment(segments, cell.exp_dir)
     wall_s = sum(s["end"] - s["start"] for s in segments)
-    env_steps = int(steps[-1]) if steps else None
-    with open(os.path.join(cell.exp_dir, "done")) as f:
-        stop_reason = f.read().strip()  # the budget reached, or the table's target
+    env_steps = final.env_steps
     rate = round(env_steps / wall_s, 1) if env_steps and wall_s else None
     return {"table": cell.table, "task": short_name(cell.env), "env": cell.env, "seed": cell.seed,
             "extra_flags": list(cell.extra_flags), "steps_scale": cell.steps_scale, "budget": cell.budget,
             "env_steps": env_steps, "final_reward": stats.get("reward"),
-            "final_episodes": int(episodes[-1]) if episodes else None, "stop_reason": stop_reason,
+            "final_episodes": stats.get("episodes"), "stop_reason": final.reason,  # the budget, or the target
             "eval": evaluation,
             "wall_s": round(wall_s, 1), "env_steps_per_s": rate,
             "segments": segments, "machine": "; ".join(sorted({s["machine"] for s in segments})) or machine(),

@@ -23,12 +23,10 @@ import os
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from watched_run import WatchedRun, save_json  # noqa: E402
+from appo.tools.watched_run import WatchedRun, save_json
 
 ROLES = ("actor", "inference", "learner")
 RECOVERED = 0.9  # of the fault-free steady throughput
@@ -107,7 +105,8 @@ def main() -> None:
                 "fault_free_steady_fps": full_fps,
                 "fault_free_reached_target_s": free.first_reward_at_least(args.target),
                 "chaos_reached_target_s": chaos.first_reward_at_least(args.target),
-                "fault_free_final_reward": free.final_reward(), "chaos_final_reward": chaos.final_reward(),
+                "fault_free_final_reward": free.result().final_reward(),
+                "chaos_final_reward": chaos.result().final_reward(),
                 "chaos_lowest_reward_after_target": chaos.lowest_reward_after(args.target),
                 "chaos_exit_code": chaos.process.returncode,
                 "fault_free_log_lines": len(free.lines), "chaos_log_lines": len(chaos.lines),

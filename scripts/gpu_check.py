@@ -4,7 +4,7 @@
 
 With CUDA it runs, each under its own time limit and all within --budget_s (440 s; under 7.5 minutes in all):
 - cartpole: `python -m appo.train --env=CartPole-v1 --device=cuda` at the defaults to mean reward 475, timed from
-  launch to the trainer's line announcing it (scripts/time_to_solve.py's run_trainer), and the same on the CPU;
+  launch to the moment its result.json records (appo.tools.trainer_process.run_trainer), and the same on the CPU;
 - breakout_ale (atari_breakout) and breakout_envpool (envpool:Breakout-v5, if envpool imports) on the GPU with
   --num_workers actors for a fixed time: samples/s and env frames/s from benchmark.json, the final mean reward;
 - doom_basic on the GPU to mean reward 0, its env steps to get there against tests/test_doom.py's bar (250k; the
@@ -97,9 +97,6 @@ TAIL_LINES = 60  # of each sub-run's output, in runs.log (all of a failed one's,
 FAILED_TAIL_LINES = 400
 GPU_POLL_S = 1.0
 
-FINAL_REWARD = re.compile(r"p0: final reward (-?[0-9.]+)")
-SUMMARY = re.compile(r"Summary: ([0-9.]+) s.*?, (\d+) env steps")
-STOPPED = re.compile(r"Stopped: (.*)")
 SF_REWARD = re.compile(r"Avg episode reward: \[\(0, '(-?[0-9.]+)'\)\]")
 SF_THROUGHPUT = re.compile(r"Throughput: 0: ([0-9]+(?:\.[0-9]+)?)")
 # Sample Factory's own CartPole command line (sf_examples/train_gym_env.py's docstring), without its checkpointing
@@ -252,10 +249,10 @@ class Context:
 # ------------------------------------------------------------------------------------------------ trainer runs
 def trainer_run(ctx: Context, name: str, env: str, flags: list[str], wanted_s: float,
                 target: float | None = None, steps_bar: int | None = None) -> Row:
-    """One `python -m appo.train` (time_to_solve.run_trainer) in benchmark mode, its --train_for_seconds from the
-    budget, stopped by a watchdog if it overruns: samples/s from its benchmark.json, the time and env steps to
-    `target` (a failure past `steps_bar` env steps)."""
-    from time_to_solve import run_trainer
+    """One `python -m appo.train` (appo.tools.trainer_process.run_trainer) in benchmark mode, its
+    --train_for_seconds from the budget, stopped by a watchdog if it overruns: samples/s from its benchmark.json,
+    the time and env steps to `target` from its result.json (a failure past `steps_bar` env steps)."""
+    from appo.tools.trainer_process import run_trainer
 
     seconds = ctx.budget.train_seconds(wanted_s, TRAINER_GRACE_S)
     if seconds is None:
@@ -274,24 +271,22 @@ def trainer_run(ctx: Context, name: str, env: str, flags: list[str], wanted_s: f
     bench_path = train_dir / name / "benchmark.json"
     bench = json.loads(bench_path.read_text()) if bench_path.exists() else {}
     ctx.benchmarks[name] = bench
-    final = FINAL_REWARD.findall(run.output)
-    summary = SUMMARY.findall(run.output)
-    stopped = STOPPED.findall(run.output)
+    final = run.result  # None: the run wrote no result.json (killed by the watchdog, or it crashed)
     trained = bench.get("samples_per_s", 0) > 0
-    solved = run.solved_s is not None and (steps_bar is None or run.env_steps <= steps_bar)
+    solved = run.solved_s is not None and (steps_bar is None or run.solved_env_steps <= steps_bar)
     parts = []
     if target is not None and run.solved_s is not None:
-        parts.append(f"mean reward {target:g} reached at {run.env_steps:,} env steps"
+        parts.append(f"mean reward {target:g} reached at {run.solved_env_steps:,} env steps"
                      + ("" if steps_bar is None else f" ({'within' if solved else 'NOT within'} the bar of "
                                                      f"{steps_bar:,})"))
     elif target is not None:
-        parts.append(f"mean reward {target:g} NOT reached (stopped: {stopped[-1] if stopped else 'no stop line'})")
+        parts.append(f"mean reward {target:g} NOT reached (stopped: {final.reason if final else 'no result.json'})")
     if not trained:
         parts.append("no sample trained (benchmark.json: samples/s 0)")
+    if final and final.final_reward() is not None:
+        parts.append(f"final reward {final.final_reward():.1f}")
     if final:
-        parts.append(f"final reward {float(final[-1]):.1f}")
-    if summary:
-        parts.append(f"{int(summary[-1][1]):,} env steps in {float(summary[-1][0]):.0f} s")
+        parts.append(f"{final.env_steps:,} env steps in {final.seconds:.0f} s")
     if bench:
         parts.append(f"{bench['env_frames_per_s']:,.0f} env frames/s, {bench['num_workers']} workers x "
                      f"{bench['num_envs_per_worker']} envs, device {bench['device']}, policy lag "
@@ -304,7 +299,7 @@ def trainer_run(ctx: Context, name: str, env: str, flags: list[str], wanted_s: f
                      + " / ".join(line.strip() for line in run.output.strip().splitlines()[-2:]))
     ok = not failed and (target is None or solved) and trained
     row = Row(name, env, bench.get("samples_per_s"), run.solved_s, "; ".join(parts) + dog.gpu_note(), ok,
-              run.returncode, {"flags": args, "benchmark": bench, "env_steps_to_target": run.env_steps,
+              run.returncode, {"flags": args, "benchmark": bench, "env_steps_to_target": run.solved_env_steps,
                                "watchdog_fired": dog.fired, "gpu_util_mean": statistics.mean(dog.gpu_util)
                                if dog.gpu_util else None, "gpu_mem_peak_mb": max(dog.gpu_mem_mb, default=None)})
     print(f"[{name}] {'ok' if ok else 'FAILED'}: {row.result}", flush=True)

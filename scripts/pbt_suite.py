@@ -35,20 +35,14 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import statistics
-import sys
 from collections.abc import Iterable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, for appo and envs
-from pbt_experiment import final_stats  # noqa: E402
-from suite import TASKS, Task  # noqa: E402
-from time_to_solve import run_trainer  # noqa: E402
-
-from appo.config.auto import IMAGE_LEARNING, has_images  # noqa: E402
-from appo.config.flags import Config  # noqa: E402
-from appo.envs import env_info  # noqa: E402
+from appo.config.auto import IMAGE_LEARNING, has_images
+from appo.config.flags import Config
+from appo.envs import env_info
+from appo.tools.suite_tasks import TASKS, Task
+from appo.tools.trainer_process import run_trainer
 
 # The suite's tasks (env and threshold) with this benchmark's budgets: time for a bad start to be rescued.
 PBT_TASKS = {
@@ -69,7 +63,6 @@ def arm_flags(arm: str, population: int) -> list[str]:
         return []
     return [f"--num_policies={population}", f"--with_pbt={arm == 'pbt'}"]
 RECORDS = "pbt_suite.jsonl"
-SUMMARY = re.compile(r"Summary: [0-9.]+ s.*?, ([0-9]+) env steps")  # the trainer's last line of totals
 
 
 def start_flags(start: str, env: str) -> list[str]:
@@ -110,12 +103,11 @@ def run_one(task_name: str, start: str, arm: str, seed: int, train_dir: str, bud
     if run.returncode != 0:
         raise SystemExit(f"{task_name} {start} {arm} seed {seed}: the trainer failed (exit {run.returncode}); "
                          "rerun with --resume to go on")
-    rewards = [stats["reward"] for stats in final_stats(run.output).values()]
-    totals = SUMMARY.findall(run.output)
+    rewards = [run.result.final_reward(policy) for policy in run.result.stats]
     return {"task": task_name, "start": start, "arm": arm, "seed": seed,
             "policies": 1 if arm == "single" else population, "budget_s": budget_s,
             "threshold": task.threshold, "solved_s": run.solved_s,
-            "env_steps": run.env_steps if run.env_steps is not None else int(totals[-1]) if totals else None,
+            "env_steps": run.solved_env_steps if run.solved_env_steps is not None else run.result.env_steps,
             "final_best": max(rewards, default=None),
             "final_mean": round(statistics.fmean(rewards), 3) if rewards else None}
 

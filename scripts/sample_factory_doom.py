@@ -55,9 +55,7 @@ from dataclasses import dataclass
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from appo.envs.doom.engine_guard import SHM_DIR, instance_id, remove_engine_shm  # noqa: E402
+from appo.envs.doom.engine_guard import SHM_DIR, instance_id, remove_engine_shm
 
 SCENARIOS = ("basic", "defend_the_center", "health_gathering")
 EXPERIMENT = "sf"

@@ -20,21 +20,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from time_to_solve import run_trainer  # noqa: E402
-
-from appo.config.cfg import parse_config  # noqa: E402
-from appo.envs import env_info  # noqa: E402
-from appo.envs.duel import evaluate  # noqa: E402
-from appo.learning.model import ActorCritic  # noqa: E402
-from appo.learning.trained_policy import TrainedPolicy, load_policy, run_cfg  # noqa: E402
+from appo.config.cfg import parse_config
+from appo.envs import env_info
+from appo.envs.duel import evaluate
+from appo.learning.model import ActorCritic
+from appo.learning.trained_policy import TrainedPolicy, load_policy, run_cfg
+from appo.tools.trainer_process import run_trainer
 
 POOL_FLAGS = ["--self_play_opponents=8", "--self_play_snapshot_every=50", "--self_play_latest_fraction=0.5"]
 POLICIES = 4  # of the population modes

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from watched_run import WatchedRun, save_json  # noqa: E402
+from appo.tools.watched_run import WatchedRun, save_json
 
 
 def memory_mb(run: WatchedRun) -> dict[str, dict[str, float]]:

@@ -10,9 +10,9 @@ draw curves; plus the task's own flags, which only the memory pair has:
 --use_rnn=True against the feed-forward default on the same partially observed task). For each task the table
 gives, over the seeds, the median time from launch to the threshold, the median env steps to the threshold
 (counted by the learner, per agent for multi-agent envs), how many seeds reached it, and the median final mean
-return (the last status line's mean over --stats_avg episodes). The PNG has one panel of learning curves per task
-(mean of the seeds, the range shaded), from the runs' tensorboard summaries. `--budget_scale` shortens every
-budget (a quick look, not the suite's numbers).
+return (the mean over the last --stats_avg episodes at the end, from each run's result.json). The PNG has one panel
+of learning curves per task (mean of the seeds, the range shaded), from the runs' tensorboard summaries.
+`--budget_scale` shortens every budget (a quick look, not the suite's numbers).
 """
 
 from __future__ import annotations
@@ -22,35 +22,10 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pbt_experiment import final_stats  # noqa: E402
-from time_to_solve import run_trainer  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Task:
-    env: str
-    threshold: float | None  # mean return to reach; None: the return at the end of the budget is the result
-    budget_s: float
-    flags: list[str] = field(default_factory=list)
-
-
-TASKS = {
-    "cartpole": Task("CartPole-v1", 475, 60),
-    "lunarlander": Task("LunarLander-v3", 200, 300),
-    "pendulum": Task("Pendulum-v1", -200, 120),
-    "mountaincar_continuous": Task("MountainCarContinuous-v0", 90, 300),
-    "halfcheetah": Task("HalfCheetah-v5", None, 300),
-    "bipedalwalker": Task("BipedalWalker-v3", None, 600),
-    "breakout": Task("atari_breakout", None, 600),
-    "breakout_envpool": Task("envpool:Breakout-v5", None, 600),  # the same preprocessing in C++, batched
-    "coop_multi_agent": Task("coop_multi_agent", None, 60),
-    "cartpole_masked_rnn": Task("cartpole_masked", 475, 300, ["--use_rnn=True"]),
-    "cartpole_masked_ff": Task("cartpole_masked", 475, 150),
-}
-
+from appo.tools.suite_tasks import TASKS, Task
+from appo.tools.trainer_process import run_trainer
 
 LONG_S = 600  # budgets from this many seconds on are the long tasks (--long_seeds)
 SUMMARY_INTERVAL_S = 1  # tensorboard points every second: a run solved in 7 s still draws a curve
@@ -73,8 +48,7 @@ def run_task(name: str, task: Task, seed: int, train_dir: str, budget_scale: flo
     run = run_trainer(flags)
     if run.returncode != 0:
         raise SystemExit(f"{name} seed {seed}: the trainer failed (exit {run.returncode})")
-    stats = final_stats(run.output)
-    return Result(run.solved_s, run.env_steps, stats.get(0, {}).get("reward"))
+    return Result(run.solved_s, run.solved_env_steps, run.result.final_reward())
 
 
 def median_or_none(values: list[float | None]) -> float | None:

@@ -30,13 +30,11 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from time_to_solve import run_trainer  # noqa: E402
-
-from appo.sweep.report import wall_time  # noqa: E402
-from appo.sweep.space import load_sweep, read_file  # noqa: E402
-from appo.sweep.study import FINISHED, default_storage  # noqa: E402
-from appo.utils.files import atomic_write_text  # noqa: E402
+from appo.sweep.report import wall_time
+from appo.sweep.space import load_sweep, read_file
+from appo.sweep.study import FINISHED, default_storage
+from appo.tools.trainer_process import run_trainer
+from appo.utils.files import atomic_write_text
 
 
 def run_sweep(sweep_file: str, train_dir: str, *options: str) -> None:
@@ -69,7 +67,7 @@ def time_to_target(args: list[str], run_dir: str) -> dict:
     run = run_trainer([f"--train_dir={os.path.dirname(run_dir)}", f"--experiment={os.path.basename(run_dir)}", *args])
     if run.returncode != 0:
         raise SystemExit(f"{run_dir}: the trainer exited with code {run.returncode}")
-    result = {"seconds": run.solved_s, "env_steps": run.env_steps, "args": args}
+    result = {"seconds": run.solved_s, "env_steps": run.solved_env_steps, "args": args}
     atomic_write_text(path, json.dumps(result))
     return result
 

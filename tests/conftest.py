@@ -3,7 +3,6 @@
 import importlib.util
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from appo.envs import make_env
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.control import SharedControl
 from appo.memory.segments import unlink_segment
+from appo.run.result import read_result
 from appo.workers.context import Queues, WorkerContext
 
 T = TypeVar("T")
@@ -121,11 +121,12 @@ def trainer(tmp_path):
     runner.assert_no_leftovers(before)
 
 
-def last_mean_reward(output: str, policy: int = 0) -> float:
-    """The mean episode reward of a policy in the trainer's last status that reports one."""
-    rewards = re.findall(rf"\bp{policy}: v\d+, reward (-?[0-9.]+) length", output)
-    assert rewards, f"no reward reported in:\n{output[-2000:]}"
-    return float(rewards[-1])
+def final_reward(train_dir: str, experiment: str, policy: int = 0) -> float:
+    """The policy's mean episode reward at the end of the run, read from its result.json (appo/run/result.py)."""
+    result = read_result(os.path.join(train_dir, experiment))
+    reward = result.final_reward(policy)
+    assert reward is not None, f"no episode of policy {policy} finished: {result}"
+    return reward
 
 
 class LearnerRig:

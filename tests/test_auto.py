@@ -13,7 +13,7 @@ import pytest
 from appo.config import auto
 from appo.config.cfg import build_parser, parse_args
 from appo.envs import EnvInfo, env_info
-from tests.conftest import last_mean_reward
+from tests.conftest import final_reward
 from tests.space_envs import ACTIONS, OBS
 
 VECTOR, IMAGE = OBS["vector"], OBS["image"]
@@ -301,4 +301,4 @@ def test_small_images_train_with_the_default_encoder(trainer, size):
     with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
     assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)
-    assert last_mean_reward(result.stdout) > 12
+    assert final_reward(trainer.train_dir, f"img{size}") > 12

@@ -35,7 +35,7 @@ from appo.sampling.actor_worker import ActorWorker
 from appo.sampling.vector_stepper import to_env_actions
 from appo.spaces import SINGLE_KEY, to_env_action
 from appo.workers.context import Queues, WorkerContext
-from tests.conftest import last_mean_reward
+from tests.conftest import final_reward
 
 needs_envpool = pytest.mark.skipif(sys.version_info < (3, 11), reason="EnvPool 1.2 needs Python 3.11")
 
@@ -312,7 +312,7 @@ def test_cartpole_learns_with_batched_sampling(trainer):
                          "--report_interval=1")
     assert result.returncode == 0, result.stdout + result.stderr
     # A random policy averages about 22; learning takes it far above that within 120k steps.
-    assert last_mean_reward(result.stdout) > 80
+    assert final_reward(trainer.train_dir, "batched") > 80
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
-from tests.conftest import REPO, last_mean_reward
+from tests.conftest import REPO, final_reward
 from tests.space_envs import ACTIONS, OBS
 
 pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
@@ -38,7 +38,7 @@ def test_user_env_registered_by_name_trains(trainer):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": REPO})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert last_mean_reward(result.stdout) > 0.5  # random play: about -0.5; best: 0.86
+    assert final_reward(trainer.train_dir, "by_name") > 0.5  # random play: about -0.5; best: 0.86
 
 
 @pytest.mark.timeout(60)
@@ -46,7 +46,7 @@ def test_user_env_given_as_module_function_trains(trainer):
     result = trainer.run("--env=tests.user_env:make_corridor", "--experiment=by_function",
                          "--train_for_env_steps=40000", *SMALL)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert last_mean_reward(result.stdout) > 0.5
+    assert final_reward(trainer.train_dir, "by_function") > 0.5
 
 
 @pytest.mark.timeout(240)  # 30 s (one policy) and 70 s (two) on 2 cores; CI's machines are slower
@@ -60,7 +60,7 @@ def test_multi_agent_env_is_learned(trainer, policies):
     assert result.returncode == 0, result.stdout + result.stderr
     # Random play scores about 6.3 per agent per episode, the best play 49.6.
     for policy in range(policies):
-        assert last_mean_reward(result.stdout, policy) > 25, result.stdout[-2000:]
+        assert final_reward(trainer.train_dir, f"coop{policies}", policy) > 25, result.stdout[-2000:]
 
 
 @pytest.mark.timeout(60)

@@ -21,7 +21,7 @@ from appo.memory.slots import hand_over_slots, release_slots
 from appo.messages import WAKE
 from appo.run.ray_backend import plan_groups
 from appo.utils.queues import make_queue
-from tests.conftest import last_mean_reward, processes_mentioning, shm_entries, wait_for
+from tests.conftest import final_reward, processes_mentioning, shm_entries, wait_for
 
 RAY_PROCESSES = ("raylet", "gcs_server", "plasma_store", "ray::", "default_worker.py", "log_monitor.py",
                  "dashboard", "monitor.py", "runtime_env_agent")
@@ -129,7 +129,7 @@ def test_cartpole_learns_on_two_nodes_and_survives_losing_one(trainer):
     assert env_steps == sorted(env_steps) and env_steps[-1] >= 500_000
     assert re.search(r"restarts: sampler group [1-9]", output), output[-3000:]
     # Random play scores about 22.
-    assert last_mean_reward(output, 0) > 300, output[-3000:]
+    assert final_reward(trainer.train_dir, "ray") > 300, output[-3000:]
     trainer.assert_no_leftovers(shm_before)
     wait_for(lambda: not ray_processes(), 10, "end of Ray's processes", interval=0.2,
              details=lambda: str(ray_processes()))

@@ -15,7 +15,8 @@ from appo.config.cfg import parse_config
 from appo.messages import ActorReport, ClusterReport, EpisodeEnd, LearnerReport
 from appo.run.reporting import LINE_WIDTH, Reports
 from appo.run.stopping import budget_outcome
-from tests.conftest import REPO, last_mean_reward
+from appo.tools.watched_run import StatusReader
+from tests.conftest import REPO
 
 PREFIX = "[10:00:00][MainProcess] "
 
@@ -118,7 +119,10 @@ def test_every_line_fits_with_faults_pbt_and_large_numbers(tmp_path, policies):
     assert "restarts: actor 12, inference 3, learner 2" in status
     assert re.search(r"^  PBT objective best 0\.\d+ \(p\d\) worst 0.500 \(p0\)", status, re.M), status
     assert len(lines) > policies + 3, "the long faults line wraps onto a second line"
-    assert last_mean_reward(PREFIX + f"\n{PREFIX}".join(lines), policy=policies - 1) == -12345.67
+    reader = StatusReader()  # the watched runs of scripts/chaos.py and soak.py read policy 0's line, wrapped or not
+    for line in lines:
+        reader.feed(PREFIX + line, t=1.0)
+    assert [(s.env_steps, s.reward) for s in reader.samples] == [(2_345_678_901 * policies, -12345.67)]
 
     long_path = "train_dir/" + "x" * 80 + "/checkpoint_p0/checkpoint_000123456_2345678901.pth"
     summary = reports.summary_line([long_path] + [None] * (policies - 1))
@@ -238,7 +242,7 @@ def test_a_sweeps_scores_and_pruning_read_full_windows_only(tmp_path):
     """result.json's final_rewards (final_reward's score) and the summaries' episode/full_window_reward (what the
     pruner reads) follow the rule of the targets: --stats_avg episodes, and every env has ended one."""
     from appo.launch import write_result
-    from appo.run.stopping import Outcome
+    from appo.run.result import RunResult, read_result
     from tests.test_tracking import tensorboard_scalars
 
     reports, _ = make_reports(tmp_path, "--stats_avg=10", policies=2)
@@ -253,17 +257,20 @@ def test_a_sweeps_scores_and_pruning_read_full_windows_only(tmp_path):
     reports.write_summaries({})
     reports.close()
     assert reports.numbers.final_rewards() == [pytest.approx(7.1), 3.0]
-    write_result(str(tmp_path), Outcome("done", True), 100, 1.0, reports.final_stats(), reports.numbers.best_rewards,
-                 reports.numbers.final_rewards())
+    numbers = reports.numbers
+    write_result(str(tmp_path), RunResult("done", True, False, env_steps=100, seconds=1.0, stats=reports.final_stats(),
+                                          best_rewards=dict(enumerate(numbers.best_rewards)),
+                                          final_rewards=dict(enumerate(numbers.final_rewards()))))
     with open(tmp_path / "result.json") as f:
         assert json.load(f)["final_rewards"] == {"0": pytest.approx(7.1), "1": 3.0}
+    assert read_result(str(tmp_path)).final_rewards == {0: pytest.approx(7.1), 1: 3.0}
     for policy, full in ((0, 7.1), (1, 3.0)):
         scalars = tensorboard_scalars(str(tmp_path), policy)
         assert len(scalars["episode/reward"]) == 2 - policy  # the status' mean, of whatever ended
         assert [value for _, value in scalars["episode/full_window_reward"]] == [pytest.approx(full)]
 
 
-def test_the_scripts_read_the_status(tmp_path):
+def test_a_watched_run_reads_the_status(tmp_path):
     reports, clock = make_reports(tmp_path, "--with_pbt=True", "--train_for_env_steps=1000000", policies=3)
     fill(reports, [10.0, 20.0, 30.0])
     set_step_rate(reports, clock, [100_000, 100_000, 100_000], 3000)
@@ -271,11 +278,7 @@ def test_the_scripts_read_the_status(tmp_path):
     log += [PREFIX + "Stopped: reached --train_for_env_steps=1000000"]
     log += [PREFIX + line for line in reports.summary_line([None] * 3).splitlines()]
     output = "\n".join(log) + "\n"
-    assert module("pbt_experiment").final_stats(output) == {
-        0: {"reward": 10.0, "objective": 0.5}, 1: {"reward": 20.0, "objective": 0.6},
-        2: {"reward": 30.0, "objective": 0.7}}
-
-    status = module("watched_run").StatusReader()
+    status = StatusReader()
     for line in output.splitlines(keepends=True) * 2:
         status.feed(line, t=1.0)
     assert [(s.env_steps, s.reward) for s in status.samples] == [(300_000, 10.0)] * 2

@@ -2,10 +2,9 @@
 a pruned and a failed trial, and its report; a sweep killed mid-trial, which leaves nothing running and continues
 where it was; result.json of a run that reached its target."""
 
-import json
+import dataclasses
 import os
 import pathlib
-import re
 import signal
 import sqlite3
 import subprocess
@@ -16,6 +15,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from appo.run.result import RunResult, read_result
+from appo.run.stopping import TargetReached
 from appo.sweep.cli import main
 from appo.sweep.objectives import OBJECTIVES, TrialFailure
 from appo.sweep.scheduler import Scheduler
@@ -28,7 +29,6 @@ from tests.test_guides import leaked_segments
 CARTPOLE = {"train_for_env_steps": 20000, "num_workers": 1, "num_envs_per_worker": 4, "device": "cpu",
             "decorrelate_envs_on_one_worker": False, "stats_avg": 20, "experiment_summaries_interval": 0.5}
 SPACE = {"learning_rate": {"low": 1e-6, "high": 1e-2, "log": True}, "batch_size": {"choices": [128, 100]}}
-TIME_TO_SOLVE_LINE = re.compile(r"target (?:reward|objective) .* reached .* ([0-9]+) env steps")  # its parser
 
 
 def write_sweep(folder, name: str = "sweep.yaml", **entries) -> str:
@@ -115,17 +115,20 @@ def test_a_python_sweep_file_and_yaml_numbers_without_a_dot(tmp_path):
 
 def test_objectives_read_result_json():
     # Policy 1 ended 5 episodes at 120: no full --stats_avg window, so no score (the rule of the targets).
-    result = {"env_steps": 5000, "seconds": 10.0, "target": None,
-              "stats": {"0": {"reward": 80.0, "episodes": 20}, "1": {"reward": 120.0, "episodes": 5}},
-              "final_rewards": {"0": 80.0, "1": None}, "best_rewards": {"0": 95.0, "1": None}}
+    result = RunResult.from_dict({"reason": "reached --train_for_env_steps=5000", "completed": True, "failed": False,
+                                  "env_steps": 5000, "seconds": 10.0,
+                                  "stats": {"0": {"reward": 80.0, "episodes": 20},
+                                            "1": {"reward": 120.0, "episodes": 5}},
+                                  "final_rewards": {"0": 80.0, "1": None}, "best_rewards": {"0": 95.0, "1": None},
+                                  "target": None})
     assert OBJECTIVES["final_reward"].value(result) == (80.0, None)
     assert OBJECTIVES["best_reward"].value(result) == (95.0, None)
     assert OBJECTIVES["env_steps_to_target"].value(result) == (10000.0, False)  # not reached: twice what it used
-    reached = {**result, "target": {"env_steps": 3000, "seconds": 4.5}}
+    reached = dataclasses.replace(result, target=TargetReached("reward", 100.0, 1, 101.0, 3000, 4.5))
     assert OBJECTIVES["seconds_to_target"].value(reached) == (4.5, True)
     with pytest.raises(TrialFailure, match="no episode finished"):
-        OBJECTIVES["final_reward"].value({**result, "stats": {}})
-    short = {**result, "final_rewards": {"0": None, "1": None}, "best_rewards": {"0": None, "1": None}}
+        OBJECTIVES["final_reward"].value(dataclasses.replace(result, stats={}))
+    short = dataclasses.replace(result, final_rewards={0: None, 1: None}, best_rewards={0: None, 1: None})
     for name in ("final_reward", "best_reward"):
         with pytest.raises(TrialFailure, match=r"no policy filled a full --stats_avg window \(20 and 5 episodes"):
             OBJECTIVES[name].value(short)
@@ -211,8 +214,8 @@ def test_a_study_prunes_a_hopeless_trial_records_a_failed_one_and_reports(tmp_pa
         exp_dir = os.path.join(train_dir, "cartpole", f"trial_{number}")
         assert os.path.exists(os.path.join(exp_dir, "done"))
         assert "Stopped: reached --train_for_env_steps=20000" in pathlib.Path(exp_dir, "output.txt").read_text()
-        with open(os.path.join(exp_dir, "result.json")) as f:
-            assert study.trials[number].value == max(json.load(f)["final_rewards"].values())
+        final = read_result(exp_dir)
+        assert study.trials[number].value == max(final.final_rewards.values())
 
     study_dir = os.path.join(train_dir, "cartpole")
     results = pathlib.Path(study_dir, "results.md").read_text()
@@ -266,8 +269,8 @@ def test_a_killed_sweep_leaves_nothing_running_and_its_trial_is_run_again(tmp_pa
     killed, rerun = trials
     assert "its sweep process" in killed.user_attrs["reason"]
     assert rerun.params == killed.params and rerun.user_attrs["rerun_of"] == 0
-    with open(os.path.join(train_dir, "killed", "trial_1", "result.json")) as f:
-        assert rerun.value == json.load(f)["target"]["env_steps"] and rerun.user_attrs["reached"] is True
+    reached = read_result(os.path.join(train_dir, "killed", "trial_1")).target
+    assert rerun.value == reached.env_steps and rerun.user_attrs["reached"] is True
 
 
 @pytest.mark.slow
@@ -277,12 +280,12 @@ def test_result_json_of_a_run_that_reached_its_target(trainer):
                          "--num_workers=1", "--num_envs_per_worker=4", "--device=cpu", "--learning_rate=0.003",
                          "--decorrelate_envs_on_one_worker=False", "--train_for_env_steps=200000")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    with open(os.path.join(trainer.train_dir, "target", "result.json")) as f:
-        saved = json.load(f)
-    target = saved["target"]
-    assert saved["completed"] and not saved["failed"] and saved["reason"] in result.stdout
-    assert TIME_TO_SOLVE_LINE.search(saved["reason"]).group(1) == str(target["env_steps"])  # the line is unchanged
-    assert target["measure"] == "reward" and target["target"] == 40 and target["policy"] == 0
-    assert target["mean"] >= 40 and 0 < target["env_steps"] <= saved["env_steps"]
-    assert 0 < saved["seconds"] <= target["seconds"] + 30
-    assert saved["stats"]["0"]["episodes"] == 20 and saved["best_rewards"]["0"] >= 40
+    saved = read_result(os.path.join(trainer.train_dir, "target"))
+    target = saved.target
+    assert saved.completed and not saved.failed and saved.reason in result.stdout
+    assert saved.reason.endswith(f" at {target.seconds:.1f} s, {target.env_steps} env steps")  # the stop line says it
+    assert target.measure == "reward" and target.target == 40 and target.policy == 0
+    assert target.mean >= 40 and 0 < target.env_steps <= saved.env_steps
+    assert 0 < saved.seconds <= target.seconds + 30
+    assert saved.stats[0]["episodes"] == 20 and saved.best_rewards[0] >= 40
+    assert saved.checkpoint is not None and os.path.exists(saved.checkpoint)  # its newest, saved at the stop

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, parse_name
-from tests.conftest import last_mean_reward, shm_entries, wait_for
+from tests.conftest import final_reward, shm_entries, wait_for
 
 FAST = ["--num_workers=2", "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
 
@@ -20,7 +20,7 @@ def test_cartpole_learns(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=learns", "--train_for_env_steps=120000", *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
     # A random policy averages about 22; learning takes it far above that within 120k steps.
-    assert last_mean_reward(result.stdout) > 80
+    assert final_reward(trainer.train_dir, "learns") > 80
     exp_dir = os.path.join(trainer.train_dir, "learns")
     for name in ("cfg.json", "log.txt", "done"):
         assert os.path.exists(os.path.join(exp_dir, name))
@@ -37,7 +37,7 @@ def test_two_inference_workers_share_the_actors(trainer):
                          "--policy_workers_per_policy=2", "--num_workers=3", "--num_envs_per_worker=8",
                          "--report_interval=1", "--decorrelate_envs_on_one_worker=False")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert last_mean_reward(result.stdout) > 80
+    assert final_reward(trainer.train_dir, "two_inference") > 80
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_return_normalisation_learns_with_unscaled_rewards(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=popart", "--normalize_returns=True", "--reward_scale=1.0",
                          "--train_for_env_steps=120000", *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert last_mean_reward(result.stdout) > 80
+    assert final_reward(trainer.train_dir, "popart") > 80
     exp_dir = os.path.join(trainer.train_dir, "popart")
     state = load_checkpoint(latest_checkpoint(checkpoint_dir(exp_dir, 0)), "cpu")["model"]
     # Unscaled CartPole returns are tens of reward units: the running stats must have followed them.
@@ -213,7 +213,7 @@ def test_gru_core_and_vtrace_learn(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=gru", "--use_rnn=True", "--recurrence=8",
                          "--with_vtrace=True", "--train_for_env_steps=100000", *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert last_mean_reward(result.stdout) > 60
+    assert final_reward(trainer.train_dir, "gru") > 60
 
 
 @pytest.mark.slow

@@ -350,7 +350,7 @@ class PopulationFlags:
     pbt_period_env_steps: int = flag(25_000, PBT,
                                      "Env steps of its own between two PBT decisions about a policy. The defaults of "
                                      "the --pbt_* flags suit runs of minutes on a workstation "
-                                     "(scripts/pbt_experiment.py); runs of billions of steps want longer periods and "
+                                     "(docs/pbt_suite.md); runs of billions of steps want longer periods and "
                                      "smaller perturbations (Sample Factory: 5M steps, 0.15, [1.1, 1.5]).",
                                      valid="[1, inf)")
     pbt_start_mutation: int = flag(25_000, PBT,
@@ -368,8 +368,9 @@ class PopulationFlags:
                                            "Probability that a value chosen to move is drawn anew from its prior (see "
                                            "--with_pbt's bounds; a shaping coefficient only when the env declares its "
                                            "range) instead of perturbed: one draw takes a value 100x off back to a "
-                                           "sane range (scripts/pbt_simulate.py: from a learning rate 100x too low, "
-                                           "0.5 solves where 0.25 often does not).", valid="[0, 1]")
+                                           "sane range (a model of PBT, scripts/pbt_simulate.py at e9777ba: from a "
+                                           "learning rate 100x too low, 0.5 solves where 0.25 often does not).",
+                                           valid="[0, 1]")
     pbt_replace_reward_gap: float = flag(0.1, PBT,
                                          "A bottom policy is replaced only if the top one's objective exceeds its own "
                                          "by this fraction of the larger magnitude of the two (works for negative "

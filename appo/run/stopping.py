@@ -13,8 +13,8 @@ from appo.workers.roles import ACTOR, CLUSTER
 
 @dataclass
 class TargetReached:
-    """The moment a --target_reward or --target_objective was reached, for result.json (appo/launch.py) and the
-    sweeps' *_to_target objectives (appo/sweep/)."""
+    """The moment a --target_reward or --target_objective was reached, for result.json (appo/run/result.py): the
+    sweeps' *_to_target objectives (appo/sweep/) and the time to solve of the benchmark scripts read it."""
 
     measure: str  # reward or objective
     target: float
@@ -28,7 +28,7 @@ class TargetReached:
 class Outcome:
     """Why the run stopped; `completed` runs get the `done` marker."""
 
-    reason: str  # one line; scripts/time_to_solve.py reads a reached target's
+    reason: str  # one line, as the stop line says it
     completed: bool
     failed: bool = False
     target: TargetReached | None = None  # set when a target stopped the run
@@ -65,7 +65,7 @@ def budget_outcome(cfg, reports, elapsed: float) -> Outcome | None:
         if solved is not None:
             reached = TargetReached(measure, target, solved[0], solved[1], reports.total_env_steps(),
                                     time.time() - psutil.Process().create_time())
-            return Outcome(  # one line (scripts/time_to_solve.py reads it) within 120 columns
+            return Outcome(  # one line within 120 columns
                 f"target {measure} {target:g} reached by p{reached.policy} (mean {reached.mean:.2f} of "
                 f"{cfg.stats_avg}) at {reached.seconds:.1f} s, {reached.env_steps} env steps", completed=True,
                 target=reached)

@@ -1,4 +1,4 @@
-"""What a sweep optimises, read from each trial's `result.json` (appo/launch.py `write_result`).
+"""What a sweep optimises, read from each trial's `result.json` (appo/run/result.py `RunResult`).
 
 The reward objectives are maximised, the *_to_target ones (cost until --target_reward or --target_objective is
 reached) minimised. A reward objective scores only a full --stats_avg window (every env having ended an episode), as
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+
+from appo.run.result import RunResult
 
 NOT_REACHED_FACTOR = 2.0  # a trial without the target: this times what it used
 
@@ -32,14 +33,13 @@ class Objective:
     def needs_target(self) -> bool:
         return self.cost is not None
 
-    def value(self, result: dict[str, Any]) -> tuple[float, bool | None]:
+    def value(self, result: RunResult) -> tuple[float, bool | None]:
         """The trial's value from its result.json, and whether it reached the target (None for reward objectives)."""
         if self.cost is not None:
-            target = result.get("target")
-            if target is not None:
-                value, reached = float(target[self.cost]), True
+            if result.target is not None:
+                value, reached = float(getattr(result.target, self.cost)), True
             else:
-                value, reached = NOT_REACHED_FACTOR * float(result[self.cost]), False
+                value, reached = NOT_REACHED_FACTOR * float(getattr(result, self.cost)), False
         else:
             value, reached = best_policy_reward(result, best=self.name == "best_reward"), None
         if not math.isfinite(value):
@@ -52,17 +52,16 @@ class Objective:
         return reward if self.direction == "maximize" else -reward
 
 
-def best_policy_reward(result: dict[str, Any], best: bool) -> float:
+def best_policy_reward(result: RunResult, best: bool) -> float:
     """The full-window mean reward of the run's best policy at the end (over its last --stats_avg episodes, every env
     having ended one: the rule of the targets) or, with `best`, the highest such mean during the run. A run in which
     no policy filled a window has no score: its few episodes would rank it by luck."""
-    stats = result.get("stats") or {}
-    if not stats:
+    if not result.stats:
         raise TrialFailure("no episode finished")
-    means = (result.get("best_rewards") if best else result.get("final_rewards")) or {}
+    means = result.best_rewards if best else result.final_rewards
     rewards = [mean for mean in means.values() if mean is not None]
     if not rewards:
-        episodes = " and ".join(str(values.get("episodes")) for values in stats.values())
+        episodes = " and ".join(str(values.get("episodes")) for values in result.stats.values())
         raise TrialFailure(f"no policy filled a full --stats_avg window ({episodes} episodes; every env must have "
                            "ended one too)")
     return max(rewards)

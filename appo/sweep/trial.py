@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import re
 import signal
@@ -30,6 +29,7 @@ import optuna
 from optuna.trial import TrialState
 
 from appo.config.cfg import ConfigError
+from appo.run.result import RunResult, read_result
 from appo.sweep.objectives import Objective, TrialFailure
 from appo.tools.plot import curve, summaries_reader
 from appo.utils.process import signal_on_parent_death
@@ -152,12 +152,12 @@ class TrialRun:
         code = self.process.wait()
         os.close(self.pidfd)
         attrs: dict[str, Any] = {"seconds": round(self.seconds(), 1)}
-        result = self.read_result()
+        result = self.result()
         if not self.interrupted and self.stop_reason is None:
             for step, reward in self.passed_checkpoints():  # the median of later trials needs them all
                 self.trial.report(self.objective.intermediate(reward), step)
-        attrs["env_steps"] = result["env_steps"] if result else self.env_steps
-        stopped_here = result is None or not result["completed"]
+        attrs["env_steps"] = result.env_steps if result else self.env_steps
+        stopped_here = result is None or not result.completed
         if self.interrupted and stopped_here:
             return Ended(TrialState.FAIL, None, {**attrs, "reason": "the sweep stopped; re-enqueued"}, rerun=True)
         if self.stop_reason is not None and stopped_here:
@@ -169,8 +169,8 @@ class TrialRun:
             return Ended(TrialState.FAIL, None, {**attrs, "reason": self.error_line(code)})
         if result is None:
             return Ended(TrialState.FAIL, None, {**attrs, "reason": "the trainer wrote no result.json"})
-        attrs["reason"] = result["reason"]
-        if not result["completed"]:
+        attrs["reason"] = result.reason
+        if not result.completed:
             return Ended(TrialState.FAIL, None, attrs)
         try:
             value, reached = self.objective.value(result)
@@ -180,10 +180,10 @@ class TrialRun:
             attrs["reached"] = reached
         return Ended(TrialState.COMPLETE, value, attrs)
 
-    def read_result(self) -> dict[str, Any] | None:
+    def result(self) -> RunResult | None:
+        """The trainer's result.json; None when it wrote none."""
         try:
-            with open(os.path.join(self.exp_dir, "result.json")) as f:
-                return json.load(f)
+            return read_result(self.exp_dir)
         except (OSError, ValueError):
             return None
 

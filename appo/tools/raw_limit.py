@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmark scripts: the raw limit of an env, and a sampler-only trainer run.
+"""The raw limit of an env, and a sampler-only trainer run to hold against it (scripts/bench_sampler.py,
+bench_scaling.py, bench_cluster.py).
 
 The raw limit is what plain processes reach stepping the same envs with random actions and nothing
 else (no trainer, no inference, no shared memory): the ceiling the trainer is held against.
@@ -9,16 +10,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from appo.envs import env_info, make_env  # noqa: E402
+from appo.envs import env_info, make_env
+from appo.tools.trainer_process import run_trainer
 
 
 def _step_envs(env_id: str, env_kwargs: dict, num_envs: int, seconds: float, start_at: float, counts, index: int
@@ -80,14 +77,11 @@ def sampler_only_fps(env_id: str, num_workers: int, num_envs: int, env_steps: in
                      env_kwargs: dict | None = None) -> dict:
     """Run the trainer with --sampler_only --benchmark and return its benchmark.json summary."""
     with tempfile.TemporaryDirectory() as train_dir:
-        command = [sys.executable, "-m", "appo.train", f"--env={env_id}",
-                   f"--env_kwargs={json.dumps(env_kwargs or {})}", f"--train_dir={train_dir}", "--experiment=bench",
-                   "--sampler_only=True", "--benchmark=True",
-                   f"--benchmark_env_steps={env_steps}", f"--num_workers={num_workers}",
-                   f"--num_envs_per_worker={num_envs}", *(extra_args or [])]
-        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"trainer failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
-                               f"{result.stderr[-3000:]}")
+        run = run_trainer([f"--env={env_id}", f"--env_kwargs={json.dumps(env_kwargs or {})}",
+                           f"--train_dir={train_dir}", "--experiment=bench", "--sampler_only=True", "--benchmark=True",
+                           f"--benchmark_env_steps={env_steps}", f"--num_workers={num_workers}",
+                           f"--num_envs_per_worker={num_envs}", *(extra_args or [])])
+        if run.returncode != 0:
+            raise RuntimeError(f"trainer failed ({run.returncode}):\n{run.output[-6000:]}")
         with open(os.path.join(train_dir, "bench", "benchmark.json")) as f:
             return json.load(f)

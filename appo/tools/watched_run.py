@@ -1,6 +1,8 @@
-"""A trainer run watched from outside, for chaos.py and soak.py: `python -m appo.train` as a child process,
-its status lines (env steps and policy 0's mean reward, each with the moment it was printed), and its worker
-processes by name (every worker names itself after its role: actor_0, inference_0, learner_p0, ...)."""
+"""A trainer run watched from outside while it runs, for scripts/chaos.py and scripts/soak.py: `python -m appo.train`
+as a child process, its status lines (env steps and policy 0's mean reward, each with the moment it was printed: the
+course of the run, which no file holds with the moment it was shown), and its worker processes by name (every worker
+names itself after its role: actor_0, inference_0, learner_p0, ...). How the run ended is its result.json
+(`WatchedRun.result`)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ from dataclasses import dataclass
 
 import psutil
 
+from appo.run.result import RunResult, read_result
+from appo.tools.trainer_process import experiment_dir_of
+
 STATUS = re.compile(r"env steps (\d+)")  # the progress line of a status
 REWARD = re.compile(r"\bp0: v\d+, reward (-?[0-9.]+) length")  # policy 0's line of it, just after
 
 
-def save_json(path: str, data) -> None:
+def save_json(path: str, data: object) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
 
@@ -50,7 +55,10 @@ class StatusReader:
 
 
 class WatchedRun:
+    """`python -m appo.train ARGS`, launched at once; its output is read in a thread as it comes."""
+
     def __init__(self, trainer_args: list[str]):
+        self.exp_dir = experiment_dir_of(trainer_args)
         self.launched = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", "appo.train", *trainer_args], stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)
@@ -122,5 +130,6 @@ class WatchedRun:
                 return int(match.group(1))
         return 0
 
-    def final_reward(self) -> float | None:
-        return next((s.reward for s in reversed(self.samples) if s.reward is not None), None)
+    def result(self) -> RunResult:
+        """How the run ended (after `wait`)."""
+        return read_result(self.exp_dir)
