@@ -139,18 +139,22 @@ def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separ
     assert not any("actor_critic_share_weights" in line for line in lines)
 
 
-@pytest.mark.parametrize("obs,action,terminates,std", [
-    ("vector", "box", False, 0.707), ("vector", "box6", False, 0.408), ("vector", "box1", False, None),
-    ("vector", "box", True, None), ("vector", "box", None, None), ("vector", "discrete", False, None),
-    ("vector", "tuple", False, None), ("image", "box", False, None),
-    ("vector", "humanoid", True, 0.4), ("vector", "humanoid", None, 0.4), ("vector", "humanoid", False, 0.243),
-    ("vector", "narrow1", None, 0.1), ("vector", "one_narrow_part", True, 0.25), ("vector", "unbounded", True, None),
-    ("image", "humanoid", True, None)])
-def test_continuous_actions_start_narrow_where_random_play_never_ends_early_or_the_box_is_narrow(obs, action,
-                                                                                                terminates, std):
+@pytest.mark.parametrize("obs,action,terminates,std,box", [
+    ("vector", "box", False, 0.707, None), ("vector", "box6", False, 0.408, None),
+    ("vector", "box1", False, None, None), ("vector", "box", True, None, None), ("vector", "box", None, None, None),
+    ("vector", "discrete", False, None, None),
+    ("vector", "tuple", False, None, None), ("image", "box", False, None, None),
+    ("vector", "humanoid", True, None, "17 of 17 dimensions start at std 0.4, their half width, not 1"),
+    ("vector", "humanoid", False, 0.243, None),  # 1/sqrt(17) is narrower than the box
+    ("vector", "narrow1", None, None, "1 of 1 dimensions start at std 0.1"),
+    ("vector", "one_narrow_part", True, None, "mean starts at the action box's centre (0, 0.25); 1 of 2 dimensions "
+                                              "start at std 0.25"),
+    ("vector", "unbounded", True, None, None),
+    ("image", "humanoid", True, None, "17 of 17 dimensions start at std 0.4")])
+def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, std, box):
     """Continuous actions on vectors where random actions ended no episode but by a time limit: std 1/sqrt(action
-    dimensions), so a single action keeps std 1; a box narrower than that either side of its centre: its half
-    width (Humanoid's 0.4), probed or not; otherwise unchanged; a given --initial_stddev wins."""
+    dimensions), so a single action keeps std 1; otherwise unchanged; a given --initial_stddev wins. A box that
+    changes where the model starts its Gaussian (appo.spaces.initial_stds) is said in a line, given flag or not."""
     spaces = {"box6": gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "box1": gym.spaces.Box(-2.0, 2.0, (1,), np.float32),
               "humanoid": gym.spaces.Box(-0.4, 0.4, (17,), np.float32),
               "narrow1": gym.spaces.Box(-0.1, 0.1, (1,), np.float32),
@@ -161,8 +165,10 @@ def test_continuous_actions_start_narrow_where_random_play_never_ends_early_or_t
     assert cfg.initial_stddev == (std or cfg_of().initial_stddev)
     narrowed = [line for line in lines if line.startswith(f"auto: --initial_stddev={std} (")]
     assert narrowed if std else not any("initial_stddev" in line for line in lines)
+    assert any(box in line for line in lines) if box else not any("dimensions start at" in line for line in lines)
     cfg, lines = auto.apply(cfg_of("--initial_stddev=0.8"), {"initial_stddev"}, probed)
     assert cfg.initial_stddev == 0.8 and not any("initial_stddev" in line for line in lines)
+    assert any((box or "").replace("not 1", "not 0.8") in line for line in lines)
 
 
 def test_random_play_is_probed_only_where_the_rule_may_apply():
@@ -184,7 +190,7 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
 
 @pytest.mark.parametrize("env,narrow", [
     ("Swimmer-v5", 0.707),  # 2 joints, and only the time limit ends its episodes
-    ("Humanoid-v5", 0.4)])  # it falls under random play, and its actions lie in [-0.4, 0.4]
+    ("Humanoid-v5", 1.0)])  # it falls under random play (its box of [-0.4, 0.4] caps the std in the model)
 def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, monkeypatch, env, narrow):
     from appo import launch
 

@@ -24,17 +24,19 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   times as fast: on one Xeon it ran 1.3x (SGD) and 1.7x (inference), on another listing the same flags 0.7x and 0.6x
   (scripts/bench_cnn.py measures more options). On CUDA the flags do nothing.
 - Continuous actions on vectors where random actions never end an episode early (only a time limit ends them:
-  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up, appo.envs.registry.random_play_terminates): the Gaussian
-  starts at std 1/sqrt(action dimensions) (narrow_start), so the noise vector's expected squared length is 1 at any
-  number of dimensions, as a single action's is at the default std of 1. From 6 unit noises (a third of each
-  dimension's samples clipped at the bounds) HalfCheetah settled on a slow gait at every seed (1,380 at 1M steps, 3
-  seeds); from std 0.5 every seed ran (4,255). A single action keeps std 1: MountainCarContinuous needs that noise to
-  reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving). Where random actions
-  end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a pole that drops) the std stays 1: from a narrow
-  start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds at std 0.5 against 2,823 at 1).
-  Either way the std is at most the action box's half width (narrow_start): sampled actions are clipped to the box,
-  so std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a bound, where std 0.4 puts 32%, as
-  std 1 does on [-1, 1]. Every other task named here has a box of [-1, 1] or wider and is unchanged.
+  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up,
+  appo.envs.registry.random_play_terminates): the Gaussian starts at std 1/sqrt(action dimensions) (narrow_start), so
+  the noise vector's expected squared length is 1 at any number of dimensions, as a single action's is at the default
+  std of 1. From 6 unit noises (a third of each dimension's samples clipped at the bounds) HalfCheetah settled on a
+  slow gait at every seed (1,380 at 1M steps, 3 seeds); from std 0.5 every seed ran (4,255). A single action keeps std
+  1: MountainCarContinuous needs that noise to reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the
+  policy stopped moving). Where random actions end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a
+  pole that drops) the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849 over
+  5 seeds at std 0.5 against 2,823 at 1). This std, chosen or given, is the model's scalar: the model itself centres
+  the Gaussian on the action box and caps each dimension's std at its half width (appo.spaces.initial_stds), as
+  sampled actions are clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a
+  bound, std 0.4 puts 32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the
+  start.
 - Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
   observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
   observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
@@ -63,7 +65,7 @@ from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.registry import RANDOM_PLAY_STEPS
 from appo.envs.vector import steps_batched
-from appo.spaces import action_spec, auto_encoder, box_half_width, obs_spaces
+from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
 from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
@@ -94,8 +96,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_VECTORS[name]} for continuous (Box) actions on vector observations")
     if name == "initial_stddev":
         rules.append(f"1/sqrt(action dimensions) for continuous (Box) actions on vector observations where "
-                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode but by a time limit; "
-                     "for continuous actions on vectors, at most the action box's half width")
+                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode "
+                     "but by a time limit")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
@@ -182,22 +184,35 @@ def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
 
 def narrow_start(info: EnvInfo) -> Choice | None:
     """For continuous actions on vectors: the Gaussian's initial std where random play ended no episode early and
-    there is more than one action dimension, or where the action box is narrower than that std; else None."""
+    there is more than one action dimension; else None."""
     dims = action_dims(info)
-    reasons, std = [], 1.0
-    if info.random_play_terminates is False and dims > 1:
-        std = 1 / math.sqrt(dims)
-        reasons.append(f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no "
-                       f"episode early: the noise of all {dims} starts as wide as one action's at std 1, "
-                       f"std 1/sqrt({dims})")
-    half_width = box_half_width(info.action_space)
-    if half_width < std:
-        std = half_width
-        reasons.append(f"the action box is {half_width:g} either side of its centre: std {half_width:g} clips as "
-                       "few of the samples at its bounds as std 1 does on a box of [-1, 1]")
-    if not reasons:
+    if info.random_play_terminates is not False or dims < 2:
         return None
-    return Choice({"initial_stddev": max(0.01, round(std, 3))}, "; ".join(reasons))
+    return Choice({"initial_stddev": round(1 / math.sqrt(dims), 3)},
+                  f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no episode "
+                  f"early: the noise of all {dims} starts as wide as one action's at std 1, std 1/sqrt({dims})")
+
+
+def box_start(info: EnvInfo, stddev: float) -> Choice | None:
+    """What the model makes of the action box at the scalar std `stddev` (appo.spaces.initial_stds), said where it
+    differs from a Gaussian at 0 with that std in every dimension; None elsewhere."""
+    centre, half_width = gaussian_box(info.action_space)
+    stds = initial_stds(stddev, half_width)
+    said = []
+    if np.any(centre):
+        said.append(f"the Gaussian's mean starts at the action box's centre ({_values(centre)})")
+    capped = stds < stddev
+    if capped.any():
+        said.append(f"{capped.sum()} of {len(stds)} dimensions start at std {_values(stds[capped])}, their half width, "
+                    f"not {stddev:g}: that clips as few of the samples at the bounds as std 1 does on [-1, 1]")
+    if np.any(half_width == 0):
+        said.append(f"{np.sum(half_width == 0)} dimensions of zero width cannot vary (the env gets their one value)")
+    return Choice({}, "; ".join(said)) if said else None
+
+
+def _values(values: np.ndarray) -> str:
+    """Distinct values, in order, for a line: Humanoid's 17 half widths are "0.4"."""
+    return ", ".join(f"{value:g}" for value in dict.fromkeys(values.tolist()))
 
 
 def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Choice | None:
@@ -238,6 +253,7 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
     images, continuous = has_images(info), continuous_actions(info)
+    stddev = cfg.initial_stddev  # the Gaussian's scalar std, as the rules leave it
     if images:
         image = {name: value for name, value in IMAGE_LEARNING.items()
                  if not (continuous and name in CONTINUOUS_LEARNING)}
@@ -250,7 +266,11 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
         found.append(Choice(dict(CONTINUOUS_VECTORS), "continuous actions on vectors: the critic's own MLP keeps the "
                                                       "value loss off the policy's features"))
         narrow = narrow_start(info)
-        found += [narrow] if narrow else []
+        if narrow:
+            found.append(narrow)
+            stddev = narrow.flags["initial_stddev"] if "initial_stddev" not in given else stddev
+    box = box_start(info, stddev)
+    found += [box] if box else []
     if bf16 is not None:
         found.append(Choice({"learner_bf16": bf16.sgd >= BF16_MIN_SPEEDUP,
                              "inference_bf16": bf16.inference >= BF16_MIN_SPEEDUP},
