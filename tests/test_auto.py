@@ -57,49 +57,22 @@ def test_given_epochs_are_trained_every_iteration():
     assert cfg.adaptive_epochs and not any("--adaptive_epochs=False" in line for line in lines)
 
 
-@pytest.mark.parametrize("sgd,inference", [(1.3, 1.7), (0.68, 0.65), (1.3, 1.05)])
-def test_bfloat16_is_chosen_for_each_part_where_it_measured_faster(sgd, inference):
-    """On one Xeon with avx512_bf16 the Nature CNN ran 1.3x (SGD) and 1.7x (inference) in bfloat16, on another
-    0.68x and 0.65x: each flag follows its own part's measurement, from BF16_MIN_SPEEDUP on."""
-    speedup = auto.Bf16Speedup(inference=inference, sgd=sgd)
-    cfg, lines = auto.apply(cfg_of("--device=cpu"), {"device"}, info(IMAGE), speedup)
-    assert (cfg.learner_bf16, cfg.inference_bf16) == (sgd >= 1.1, inference >= 1.1)
-    (line,) = [line for line in lines if "bfloat16" in line]
-    assert line.startswith(f"auto: --learner_bf16={sgd >= 1.1} --inference_bf16={inference >= 1.1} (")
-    assert f"SGD step at {sgd:.2f}x" in line and f"forward pass at {inference:.2f}x" in line
-    cfg, lines = auto.apply(cfg_of("--learner_bf16=False", "--device=cpu"), {"learner_bf16", "device"}, info(IMAGE),
-                            speedup)
-    assert (cfg.learner_bf16, cfg.inference_bf16) == (False, inference >= 1.1)  # given on the command line: wins
-
-
-@pytest.mark.parametrize("device,gpus,native,given,measures", [
+@pytest.mark.parametrize("device,gpus,native,given,hint", [
     ("cuda", 1, True, (), False), ("cuda:0", 1, True, (), False), ("auto", 1, True, (), False),
     ("auto", 0, True, (), True), ("cpu", 1, True, (), True), ("cpu", 0, False, (), False),
-    ("cpu", 0, True, ("learner_bf16",), True), ("cpu", 0, True, ("learner_bf16", "inference_bf16"), False)])
-def test_bfloat16_is_timed_only_where_the_cpu_has_it_learns_and_infers(monkeypatch, device, gpus, native, given,
-                                                                        measures):
-    """The model applies --learner_bf16 and --inference_bf16 on a CPU only: on CUDA the "auto:" line would claim a
-    speed-up the flags do not give (scripts/gpu_check.py on an H200: outputs identical with and without). A config
+    ("cpu", 0, True, ("learner_bf16",), False)])
+def test_numerics_are_float32_unless_given_and_a_bfloat16_cpu_is_told_of_the_flags(monkeypatch, device, gpus, native,
+                                                                                 given, hint):
+    """No timing chooses bfloat16 (it learns differently): float32 unless a flag says otherwise. Where the CPU that
+    learns and infers has native bfloat16, a line names the flags; on CUDA they do nothing, so no line. A config
     decision: no GPU needed, the devices torch would see are given."""
     monkeypatch.setattr(auto, "cpu_has_bf16", lambda: native)
     monkeypatch.setattr(auto, "cuda_device_count", lambda: gpus)
-    cfg = cfg_of(f"--device={device}")
-    assert auto.measures_bf16(cfg, info(IMAGE), {"device", *given}) == measures
-    assert not auto.measures_bf16(cfg, info(VECTOR), {"device"})
-    cfg, lines = auto.apply(cfg, {"device"}, info(IMAGE))  # not measured: no rule
-    assert not cfg.learner_bf16 and not cfg.inference_bf16 and not any("bf16" in line for line in lines)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_the_model_is_timed_in_both_precisions_in_a_child_process():
-    """appo/learning/precision.py, as the launcher runs it: a child process that prints float32's time over
-    bfloat16's for the forward pass and the SGD step (what they are depends on the CPU; both are real timings)."""
-    from appo.launch import measure_bf16_speedup
-
-    speedup = measure_bf16_speedup(cfg_of("--device=cpu"), info(IMAGE))
-    assert speedup is not None
-    assert 0.05 < speedup.inference < 20 and 0.05 < speedup.sgd < 20
+    cfg = cfg_of(f"--device={device}", *(f"--{name}=True" for name in given))
+    cfg, lines = auto.apply(cfg, {"device", *given}, info(IMAGE))
+    assert (cfg.learner_bf16, cfg.inference_bf16) == ("learner_bf16" in given, False)
+    assert any("--learner_bf16=True and --inference_bf16=True" in line for line in lines) == hint
+    assert not any("bfloat16" in line for line in auto.apply(cfg_of("--device=cpu"), {"device"}, info(VECTOR))[1])
 
 
 @pytest.mark.slow
@@ -287,9 +260,9 @@ def test_step_cost_is_measured():
 
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "initial_stddev", "num_envs_per_worker", "actor_niceness",
-                 "learner_bf16", "inference_bf16"):
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "initial_stddev", "num_envs_per_worker", "actor_niceness"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
+    assert not auto.flag_help("learner_bf16") and not auto.flag_help("inference_bf16")  # float32 unless given
 
 
 @pytest.mark.slow

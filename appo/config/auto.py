@@ -17,12 +17,11 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   one trunk: a second CNN would double the SGD that already bounds them. (PPO's clip range at 0.2 for these tasks
   was tried and left out: docs/performance_log.md, third sitting of 2026-11-26.)
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
-- Images on a CPU with native bfloat16 (AVX512-BF16, AMX), when that CPU learns and infers (--device=cpu, or auto
-  where torch sees no CUDA device): the run's model is timed both ways at start-up (appo/learning/precision.py, in
-  a child process: about 5 s), and `--learner_bf16` (the CNN's SGD under bfloat16 autocast) and `--inference_bf16`
-  (its forward passes on a bfloat16 copy of its weights) are each on where bfloat16 ran at least BF16_MIN_SPEEDUP
-  times as fast: on one Xeon it ran 1.3x (SGD) and 1.7x (inference), on another listing the same flags 0.7x and 0.6x
-  (scripts/bench_cnn.py measures more options). On CUDA the flags do nothing.
+- Numerics are float32 unless `--learner_bf16` or `--inference_bf16` is given: bfloat16 rounds differently, so a
+  choice made by timing it would learn differently on a faster or slower CPU. Images on a CPU with native bfloat16
+  (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that
+  names the flags: on one Xeon bfloat16 ran the CNN faster, on another listing the same flags slower
+  (docs/PERFORMANCE.md; scripts/bench_cnn.py measures both on this machine). On CUDA the flags do nothing.
 - Continuous actions on vectors where random actions never end an episode early (only a time limit ends them:
   HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up,
   appo.envs.registry.random_play_terminates): the Gaussian starts at std 1/sqrt(action dimensions) (narrow_start), so
@@ -75,7 +74,6 @@ COSTLY_ACTOR_NICENESS = 5
 FAST_SUB_ENV_S = 8e-6  # classic control measures 1-5 us, EnvPool's MuJoCo 24 us and up (256 sub-envs)
 FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
 FAST_BATCHED_ENVS_PER_SPLIT = 32
-BF16_MIN_SPEEDUP = 1.1  # bfloat16 rounds more: chosen only with a clear lead over float32, not within the noise
 
 IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
                   "exploration_loss_coeff": 0.01}
@@ -109,11 +107,6 @@ def flag_help(name: str) -> str:
                      "(measured at start-up)")
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
-    if name in ("learner_bf16", "inference_bf16"):
-        part = "SGD step" if name == "learner_bf16" else "forward pass"
-        rules.append("True for image observations when a CPU with native bfloat16 (avx512_bf16 or amx_bf16) "
-                     "learns and infers (--device=cpu, or auto without a CUDA device) and the model's "
-                     f"{part}, timed both ways at start-up, runs at least {BF16_MIN_SPEEDUP:g}x as fast in bfloat16")
     if name == "actor_niceness":
         rules.append(f"{COSTLY_ACTOR_NICENESS} for env steps of {COSTLY_STEP_S * 1e3:g} ms or more")
     return f" Auto, when not given: {'; '.join(rules)}." if rules else ""
@@ -129,15 +122,6 @@ class Choice:
     def line(self) -> str:
         flags = " ".join(f"--{name}={value}" for name, value in self.flags.items())
         return f"auto: {flags} ({self.why})" if flags else f"auto: {self.why}"
-
-
-@dataclass(frozen=True)
-class Bf16Speedup:
-    """float32's time over bfloat16's for this run's model on this CPU (appo/learning/precision.py): above 1,
-    bfloat16 is faster."""
-
-    inference: float  # an inference worker's forward pass of INFERENCE_BATCH observations
-    sgd: float  # the learner's SGD step
 
 
 def has_images(info: EnvInfo) -> bool:
@@ -164,11 +148,16 @@ def learns_on_cpu(device: str) -> bool:
     return device == "cpu" or (device == "auto" and cuda_device_count() == 0)
 
 
-def measures_bf16(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
-    """Whether the bfloat16 rule applies, so the model must be timed: images, a bfloat16 flag not given, and a CPU
-    with native bfloat16 that learns and infers."""
-    return (has_images(info) and not {"learner_bf16", "inference_bf16"} <= given and cpu_has_bf16()
-            and learns_on_cpu(cfg.device))
+def bf16_hint(cfg: Config, info: EnvInfo, given: set[str]) -> Choice | None:
+    """A line naming --learner_bf16 and --inference_bf16 where they may speed the run up: images, neither flag given,
+    and a CPU with native bfloat16 that learns and infers. Nothing is chosen: whether bfloat16 is faster differs
+    between CPUs listing the same flags, and a choice by a timing would make the numerics depend on the machine."""
+    if not (has_images(info) and not {"learner_bf16", "inference_bf16"} & given and cpu_has_bf16()
+            and learns_on_cpu(cfg.device)):
+        return None
+    return Choice({}, "this CPU computes bfloat16 natively: --learner_bf16=True and --inference_bf16=True run the CNN "
+                      "in bfloat16, faster on some such CPUs and slower on others (python scripts/bench_cnn.py "
+                      "times both here); float32 unless given")
 
 
 def action_dims(info: EnvInfo) -> int:
@@ -240,10 +229,9 @@ def fast_batched_sizing(cfg: Config, sub_env_seconds: float) -> Choice | None:
                   "learner, which takes bigger minibatches")
 
 
-def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf16Speedup | None = None
-            ) -> list[Choice]:
+def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[Choice]:
     """Every rule that applies to this env and these given flags (names), with the values it would set (given flags
-    not yet removed). `bf16`: the model timed both ways where `measures_bf16` says so."""
+    not yet removed)."""
     found = []
     if "ppo_epochs" in given:
         found.append(Choice({"adaptive_epochs": False}, "--ppo_epochs given: every iteration trains that many passes"))
@@ -270,25 +258,18 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
             found.append(narrow)
             stddev = narrow.flags["initial_stddev"] if "initial_stddev" not in given else stddev
     box = box_start(info, stddev)
-    found += [box] if box else []
-    if bf16 is not None:
-        found.append(Choice({"learner_bf16": bf16.sgd >= BF16_MIN_SPEEDUP,
-                             "inference_bf16": bf16.inference >= BF16_MIN_SPEEDUP},
-                            "image observations on a CPU with native bfloat16, the model timed both ways here: "
-                            f"bfloat16 ran its SGD step at {bf16.sgd:.2f}x float32's speed and its forward pass at "
-                            f"{bf16.inference:.2f}x; each is on from {BF16_MIN_SPEEDUP:g}x"))
+    found += [rule for rule in (box, bf16_hint(cfg, info, given)) if rule]
     if info.step_seconds is not None:  # (images keep IMAGE_LEARNING's learning rate)
         found += [rule for rule in (sampler_sizing(cfg, info.step_seconds, info.num_agents),
                                     None if images else fast_batched_sizing(cfg, info.step_seconds)) if rule]
     return found
 
 
-def apply(cfg: Config, given: set[str], info: EnvInfo, bf16: Bf16Speedup | None = None
-          ) -> tuple[Config, list[str]]:
+def apply(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, list[str]]:
     """`cfg` with the values the rules choose for flags not in `given` (flag names), and the "auto:" lines to
     log. A rule whose flags were all given says nothing."""
     lines, values = [], {}
-    for choice in choices(cfg, info, given, bf16):
+    for choice in choices(cfg, info, given):
         chosen = {name: value for name, value in choice.flags.items() if name not in given}
         if choice.flags and not chosen:
             continue
