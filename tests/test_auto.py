@@ -4,7 +4,9 @@ step cost is measured, and a real run logs and saves its choices."""
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -150,7 +152,6 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
     assert random_play_terminates("Pendulum-v1") is False  # a time limit of 200 steps ends every episode
     assert random_play_terminates("InvertedPendulum-v5") is True  # the pole drops within a few steps
     assert random_play_terminates("Pendulum-v1", max_steps=50) is False
-    assert random_play_terminates("sleep_env", {"step_seconds": 0.01}, limit_s=0.1) is None  # too slow to tell
     assert random_play_terminates("no_such_env") is None
     box = info(VECTOR, action="box")
     assert auto.probes_random_play(cfg_of(), box, set())
@@ -159,6 +160,53 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
     assert not auto.probes_random_play(cfg_of(), info(IMAGE, action="box"), set())
     one_action = EnvInfo(VECTOR, gym.spaces.Box(-2.0, 2.0, (1,), np.float32))  # keeps std 1 either way
     assert not auto.probes_random_play(cfg_of(), one_action, set())
+
+
+class FallingEnv(gym.Env):
+    """Two continuous actions; a body that falls at step `falls_at` (None: only a time limit of 20 steps ends an
+    episode), each step taking `step_seconds`: the random-play probe on a slow and a fast machine."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, falls_at: int | None = None, step_seconds: float = 0.0):
+        self.falls_at, self.step_seconds, self.t = falls_at, step_seconds, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.step_seconds)
+        self.t += 1
+        return np.zeros(3, np.float32), 0.0, self.t == self.falls_at, self.t >= 20, {}
+
+
+def make_falling_env(**kwargs) -> FallingEnv:
+    return FallingEnv(**kwargs)
+
+
+@pytest.mark.parametrize("falls_at", [15, None])
+def test_the_random_play_probe_answers_the_same_on_a_slow_machine_and_says_it_was_slow(monkeypatch, caplog,
+                                                                                       falls_at):
+    """The probe plays every step however long they take (no time limit that would leave std 1 on a loaded machine),
+    and one that takes over SLOW_PROBE_S logs why start-up waited."""
+    from appo.envs import registry
+
+    monkeypatch.setattr(registry, "SLOW_PROBE_S", 0.05)
+    caplog.set_level(logging.INFO, logger="appo")
+    logger = logging.getLogger("appo")
+    logger.addHandler(caplog.handler)  # appo's logger does not propagate once a run has set it up
+    try:
+        answers = [registry.random_play_terminates("tests.test_auto:make_falling_env",
+                                                   {"falls_at": falls_at, "step_seconds": seconds}, max_steps=40)
+                   for seconds in (0.0, 0.006)]  # 0.09 s to the fall, 0.24 s in all: over the 0.05 s
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert answers == [falls_at is not None] * 2
+    slow = {record.getMessage() for record in caplog.records if record.getMessage().startswith("Random play")}
+    assert len(slow) == 1 and "40 steps of tests.test_auto:make_falling_env took" in slow.pop()  # the slow one only
 
 
 @pytest.mark.parametrize("env,narrow", [

@@ -23,7 +23,7 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   names the flags: on one Xeon bfloat16 ran the CNN faster, on another listing the same flags slower
   (docs/PERFORMANCE.md; scripts/bench_cnn.py measures both on this machine). On CUDA the flags do nothing.
 - Continuous actions on vectors where random actions never end an episode early (only a time limit ends them:
-  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up,
+  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up for RANDOM_PLAY_STEPS steps however long they take,
   appo.envs.registry.random_play_terminates): the Gaussian starts at std 1/sqrt(action dimensions) (narrow_start), so
   the noise vector's expected squared length is 1 at any number of dimensions, as a single action's is at the default
   std of 1. From 6 unit noises (a third of each dimension's samples clipped at the bounds) HalfCheetah settled on a
@@ -94,8 +94,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_VECTORS[name]} for continuous (Box) actions on vector observations")
     if name == "initial_stddev":
         rules.append(f"1/sqrt(action dimensions) for continuous (Box) actions on vector observations where "
-                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode "
-                     "but by a time limit")
+                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up, however long they take) end no "
+                     "episode but by a time limit")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
