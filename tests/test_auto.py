@@ -209,6 +209,29 @@ def test_the_random_play_probe_answers_the_same_on_a_slow_machine_and_says_it_wa
     assert len(slow) == 1 and "40 steps of tests.test_auto:make_falling_env took" in slow.pop()  # the slow one only
 
 
+LEARNING_INDEPENDENT = {"num_envs_per_worker", "actor_niceness"}  # the sampler's sizing: a timing may set them
+
+
+@pytest.mark.parametrize("obs,action,terminates", [("vector", "box", False), ("vector", "box", True),
+                                                   ("vector", "discrete", None), ("image", "discrete", None),
+                                                   ("image", "box", None)])
+def test_a_slow_and_a_fast_machine_learn_with_the_same_values(monkeypatch, obs, action, terminates):
+    """The same task timed at 1 us and 20 ms an env step (a fast server, a loaded laptop), on a CPU with native
+    bfloat16 that learns: the same minibatches, learning rate, epochs, numerics and std; only the sampler's sizing
+    differs. The probe's answer comes from its steps, never its time (the test above)."""
+    monkeypatch.setattr(auto, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(auto, "cuda_device_count", lambda: 0)
+    chosen = []
+    for seconds in (1e-6, 0.02):
+        task = dataclasses.replace(info(OBS[obs], step_seconds=seconds, action=action),
+                                   random_play_terminates=terminates)
+        cfg, _ = auto.apply(cfg_of("--device=cpu"), {"device"}, task)
+        chosen.append({name: value for name, value in dataclasses.asdict(cfg).items()
+                       if name not in LEARNING_INDEPENDENT})
+    assert chosen[0] == chosen[1]
+    assert not chosen[0]["learner_bf16"] and not chosen[0]["inference_bf16"]
+
+
 @pytest.mark.parametrize("env,narrow", [
     ("Swimmer-v5", 0.707),  # 2 joints, and only the time limit ends its episodes
     ("Humanoid-v5", 1.0)])  # it falls under random play (its box of [-0.4, 0.4] caps the std in the model)

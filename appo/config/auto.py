@@ -36,19 +36,20 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   sampled actions are clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a
   bound, std 0.4 puts 32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the
   start.
-- Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
-  observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
-  observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
-  ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes). Actors
-  also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
-  Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
-  only add policy lag. With batched sampling of a natively vectorised env the cost is one sub-env's share of a
-  vectorised step (appo.envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
+- Env steps of at least COSTLY_STEP_S (timed at start-up; the line gives the time): sampling limits the run. A CNN's
+  forward pass costs less per observation in bigger batches, so each forward pass of an inference worker should see
+  about INFERENCE_BATCH observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env)
+  envs, within ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes).
+  Actors also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
+  Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs only add
+  policy lag. With batched sampling of a natively vectorised env the cost is one sub-env's share of a vectorised step
+  (appo.envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
 - Batched sampling of a vectorised env whose sub-env steps in under FAST_SUB_ENV_S (gymnasium's CartPole vector
   entry point, EnvPool's classic control: a per-env Python loop cannot step any env that fast): the sampler outruns
   a learner at the defaults many times over, so the learner takes bigger minibatches at a learning rate scaled with
   them, and the splits more sub-envs, so an iteration's trajectories come from more episodes (FAST_BATCHED).
-  Measured to threshold against the defaults: CartPole, EnvPool's Acrobot and Pendulum (docs/PERFORMANCE.md).
+  Measured to threshold against the defaults: CartPole, EnvPool's Acrobot and Pendulum (docs/PERFORMANCE.md). This is
+  the one rule left where a timing sets learning hyper-parameters; its line gives the time it was chosen by.
 """
 
 from __future__ import annotations
@@ -215,8 +216,8 @@ def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Cho
     actors = f"{actors_per_inference_worker} actor{'s' if actors_per_inference_worker > 1 else ''}"
     agents = f" x {num_agents} agents" if num_agents > 1 else ""
     return Choice({"num_envs_per_worker": per_split * cfg.worker_num_splits, "actor_niceness": COSTLY_ACTOR_NICENESS},
-                  f"{step_seconds * 1e3:.2f} ms per env step: about {INFERENCE_BATCH} observations per forward pass "
-                  f"from {actors}{agents} per inference worker, and inference runs before the actors")
+                  f"{step_seconds * 1e3:.2f} ms per env step, timed at start-up: about {INFERENCE_BATCH} observations "
+                  f"per forward pass from {actors}{agents} per inference worker, and inference runs before the actors")
 
 
 def fast_batched_sizing(cfg: Config, sub_env_seconds: float) -> Choice | None:
@@ -225,8 +226,8 @@ def fast_batched_sizing(cfg: Config, sub_env_seconds: float) -> Choice | None:
     if not steps_batched(cfg.env, cfg.batched_sampling) or sub_env_seconds >= FAST_SUB_ENV_S:
         return None
     return Choice({**FAST_BATCHED, "num_envs_per_worker": FAST_BATCHED_ENVS_PER_SPLIT * cfg.worker_num_splits},
-                  f"batched sampling at {sub_env_seconds * 1e6:.1f} us per sub-env step: the sampler outruns the "
-                  "learner, which takes bigger minibatches")
+                  f"batched sampling at {sub_env_seconds * 1e6:.1f} us per sub-env step, timed at start-up: the "
+                  "sampler outruns the learner, which takes bigger minibatches")
 
 
 def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[Choice]:
