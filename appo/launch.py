@@ -13,8 +13,6 @@ import dataclasses
 import json
 import logging
 import os
-import pickle
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -191,8 +189,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     if not resuming:
         if auto.probes_random_play(cfg, info, given):
             info = dataclasses.replace(info, random_play_terminates=random_play_terminates(cfg.env, env_kwargs(cfg)))
-        bf16 = measure_bf16_speedup(cfg, info) if auto.measures_bf16(cfg, info, given) else None
-        cfg, auto_lines = auto.apply(cfg, given, info, bf16)
+        cfg, auto_lines = auto.apply(cfg, given, info)
     cfg = resolve(cfg, info.num_agents)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
@@ -217,21 +214,6 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
-
-
-def measure_bf16_speedup(cfg: Config, info: EnvInfo) -> auto.Bf16Speedup | None:
-    """The run's model timed in float32 and bfloat16 (appo/learning/precision.py) in a child process: the runner
-    never imports torch. None, with a warning, when the child fails: the run keeps float32."""
-    task = (resolve(cfg, info.num_agents), info.obs_space, info.action_space, auto.INFERENCE_BATCH)
-    probe = subprocess.run([sys.executable, "-m", "appo.learning.precision"], input=pickle.dumps(task),
-                           capture_output=True)
-    try:
-        return auto.Bf16Speedup(**json.loads(probe.stdout.decode().splitlines()[-1]))
-    except (IndexError, ValueError, TypeError):
-        error = (probe.stderr.decode().strip().splitlines() or ["no output"])[-1]
-        log.warning("bfloat16 was not timed against float32 (exit %d: %s): the model runs in float32",
-                    probe.returncode, error)
-        return None
 
 
 def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:

@@ -69,15 +69,35 @@ def action_spec(space: gym.Space) -> list[tuple[str, int]]:
     raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, Box or a Tuple of them")
 
 
-def box_half_width(space: gym.Space) -> float:
-    """Half the width of the narrowest finite dimension of the action's Box parts (inf when none is finite)."""
+def gaussian_box(space: gym.Space) -> tuple[np.ndarray, np.ndarray]:
+    """The centre and half width of each Gaussian dimension of an action (its Box parts flattened, in the order of
+    `action_spec`), where the model places its Gaussian: the centre is 0 and the half width inf along a dimension
+    with an infinite bound. float32 bounds are read as the shortest decimals that round to them (Humanoid's 0.4, not
+    0.4000000059604645), so a std taken from a half width is the number the env declared."""
     if isinstance(space, gym.spaces.Tuple):
-        return min((box_half_width(part) for part in space.spaces), default=math.inf)
+        parts = [gaussian_box(part) for part in space.spaces]
+        return (np.concatenate([centre for centre, _ in parts] or [np.zeros(0)]),
+                np.concatenate([half_width for _, half_width in parts] or [np.zeros(0)]))
     if not isinstance(space, gym.spaces.Box):
-        return math.inf
-    widths = (np.asarray(space.high, np.float64) - np.asarray(space.low, np.float64)) / 2
-    finite = widths[np.isfinite(widths)]
-    return float(finite.min()) if finite.size else math.inf
+        return np.zeros(0), np.zeros(0)
+    low, high = (np.broadcast_to(bound, space.shape).astype(np.float32).astype(str).astype(np.float64).ravel()
+                 for bound in (space.low, space.high))
+    finite = np.isfinite(low) & np.isfinite(high)
+    with np.errstate(invalid="ignore"):  # inf - inf where both bounds are infinite: not used
+        return np.where(finite, (low + high) / 2, 0.0), np.where(finite, (high - low) / 2, np.inf)
+
+
+MIN_STD = 0.01  # --initial_stddev's lowest value; the model clamps log-stds at -5 (0.0067), where no gradient passes
+
+
+def initial_stds(stddev: float, half_width: np.ndarray) -> np.ndarray:
+    """Each Gaussian dimension's std before training: the scalar `stddev` (--initial_stddev or its auto rule), at most
+    the dimension's half width where that is finite and above 0 (not below MIN_STD). Sampled actions are clipped to
+    the box, and std 1 on [-1, 1] puts 32% of the samples on a bound; a std of the half width keeps that share on any
+    narrower box, where a wider std would pile samples on the bounds. A dimension of zero width cannot vary: it keeps
+    `stddev`, and its samples clip to its one value."""
+    capped = (half_width > 0) & (half_width < stddev)
+    return np.where(capped, np.maximum(half_width, MIN_STD), stddev)
 
 
 def action_layout(space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:

@@ -33,7 +33,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from appo.utils.logs import log
+
 RANDOM_PLAY_STEPS = 1000  # HalfCheetah's time limit; from seed 0 Hopper, Walker2d, Humanoid and Ant fall within 50
+SLOW_PROBE_S = 5.0  # a start-up probe that takes longer logs a line: the user sees why start-up is slow
 
 
 class EnvError(Exception):
@@ -243,29 +246,42 @@ def measure_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | Non
 
 
 def random_play_terminates(env_id: str, env_kwargs: dict[str, Any] | None = None,
-                           max_steps: int = RANDOM_PLAY_STEPS, limit_s: float = 5.0) -> bool | None:
+                           max_steps: int = RANDOM_PLAY_STEPS) -> bool | None:
     """Whether uniformly random actions end an episode by termination (a body that fell, a pole that dropped), not
-    by a time limit, within `max_steps` env steps from seed 0; None when making or stepping the env fails or takes
-    over `limit_s`. Read at start-up by a rule on the Gaussian's initial std (appo/config/auto.py)."""
-    def probe() -> bool:
+    by a time limit, within `max_steps` env steps from seed 0; None when making or stepping the env raises. Read at
+    start-up by a rule on the Gaussian's initial std (appo/config/auto.py), so it plays every step however long they
+    take: the answer, and the std, must not depend on how fast this machine is. Over SLOW_PROBE_S it says so, since
+    start-up waits for it."""
+    started = time.perf_counter()
+    try:
         env = make_env(env_id, env_kwargs)
         try:
-            env.reset(seed=0)
-            num_agents = int(getattr(env, "num_agents", 1))
-            env.action_space.seed(0)
-            for _ in range(max_steps):
-                action = (env.action_space.sample() if num_agents == 1
-                          else [env.action_space.sample() for _ in range(num_agents)])
-                _, _, terminated, truncated, _ = env.step(action)
-                if np.any(terminated):
-                    return True
-                if np.all(truncated):
-                    env.reset()
-            return False
+            return _terminates(env, max_steps)
         finally:
             env.close()
+    except Exception:
+        return None
+    finally:
+        seconds = time.perf_counter() - started
+        if seconds > SLOW_PROBE_S:
+            log.info("Random play: %d steps of %s took %.1f s (to see whether random actions end its episodes early, "
+                     "for the Gaussian's initial std; the answer does not depend on the time)", max_steps, env_id,
+                     seconds)
 
-    return within(limit_s, probe)
+
+def _terminates(env: gym.Env, max_steps: int) -> bool:
+    env.reset(seed=0)
+    num_agents = int(getattr(env, "num_agents", 1))
+    env.action_space.seed(0)
+    for _ in range(max_steps):
+        action = (env.action_space.sample() if num_agents == 1
+                  else [env.action_space.sample() for _ in range(num_agents)])
+        _, _, terminated, truncated, _ = env.step(action)
+        if np.any(terminated):
+            return True
+        if np.all(truncated):
+            env.reset()
+    return False
 
 
 def reward_shaping(env: gym.Env) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:

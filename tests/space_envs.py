@@ -19,6 +19,9 @@ ACTIONS = {
     "box": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
     "tuple": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))),
 }
+# Not in ACTIONS (whose every combination is trained): a box off centre, asymmetric about 0, of unequal widths, where
+# the model centres its Gaussian (tests/test_after_training.py exports it).
+OFFSET_BOX = gym.spaces.Box(np.array([0.9, 0.0, -1.0], np.float32), np.array([1.0, 1.0, 3.0], np.float32))
 
 
 class SpacesEnv(gym.Env):
@@ -27,7 +30,7 @@ class SpacesEnv(gym.Env):
         # takes, channels last.
         self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
                                   else OBS[obs])
-        self.action_space = ACTIONS[action]
+        self.action_space = OFFSET_BOX if action == "offset_box" else ACTIONS[action]
         self.t = 0
 
     def reset(self, *, seed=None, options=None):

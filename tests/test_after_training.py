@@ -144,6 +144,7 @@ def test_video_frame_from_image_observations():
     # separate actor and critic cores: the state holds both (h and c of each LSTM)
     ("lstm_separate", ["--env=CartPole-v1", "--use_rnn=True", "--rnn_type=lstm", "--actor_critic_share_weights=False"]),
     ("dict_box", [f"--env={SPACES_ENV}", '--env_kwargs={"obs": "dict", "action": "box"}']),
+    ("offset_box", [f"--env={SPACES_ENV}", '--env_kwargs={"action": "offset_box"}']),
 ])
 def test_onnx_matches_torch(tmp_path, name, flags):
     exp_dir = make_experiment(tmp_path, name, *flags)
@@ -167,6 +168,22 @@ def test_torchscript_matches_torch(tmp_path):
     with torch.no_grad():
         for ours, theirs in zip(loaded(*inputs), module(*inputs)):
             assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_an_untrained_policy_acts_at_the_box_centre_in_torch_and_in_exports(tmp_path):
+    """The Gaussian's mean starts at the centre of each dimension of [0.9, 1] x [0, 1] x [-1, 3] (the policy head's
+    output is near 0 at first), in the trainer's deterministic action and in the ONNX and TorchScript files."""
+    exp_dir = make_experiment(tmp_path, "box", f"--env={SPACES_ENV}", '--env_kwargs={"action": "offset_box"}')
+    policy = load_policy(exp_dir)
+    obs = np.random.default_rng(0).standard_normal((16, 5)).astype(np.float32)
+    centre = np.array([0.95, 0.5, 1.0], np.float32)
+    assert np.allclose(policy.act(obs, deterministic=True), centre, atol=0.1)  # the old mean was 0
+    onnx_path = export_policy(policy, "onnx", str(tmp_path / "box.onnx"))
+    session = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    means = session.run(None, {"obs": obs})[0][:, :3]
+    assert np.allclose(means, centre, atol=0.1)
+    traced = torch.jit.load(export_policy(policy, "torchscript", str(tmp_path / "box.pt")))
+    assert np.allclose(traced(torch.from_numpy(obs))[0][:, :3].detach().numpy(), means, atol=1e-6)
 
 
 @pytest.mark.slow

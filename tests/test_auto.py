@@ -4,7 +4,9 @@ step cost is measured, and a real run logs and saves its choices."""
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -57,49 +59,22 @@ def test_given_epochs_are_trained_every_iteration():
     assert cfg.adaptive_epochs and not any("--adaptive_epochs=False" in line for line in lines)
 
 
-@pytest.mark.parametrize("sgd,inference", [(1.3, 1.7), (0.68, 0.65), (1.3, 1.05)])
-def test_bfloat16_is_chosen_for_each_part_where_it_measured_faster(sgd, inference):
-    """On one Xeon with avx512_bf16 the Nature CNN ran 1.3x (SGD) and 1.7x (inference) in bfloat16, on another
-    0.68x and 0.65x: each flag follows its own part's measurement, from BF16_MIN_SPEEDUP on."""
-    speedup = auto.Bf16Speedup(inference=inference, sgd=sgd)
-    cfg, lines = auto.apply(cfg_of("--device=cpu"), {"device"}, info(IMAGE), speedup)
-    assert (cfg.learner_bf16, cfg.inference_bf16) == (sgd >= 1.1, inference >= 1.1)
-    (line,) = [line for line in lines if "bfloat16" in line]
-    assert line.startswith(f"auto: --learner_bf16={sgd >= 1.1} --inference_bf16={inference >= 1.1} (")
-    assert f"SGD step at {sgd:.2f}x" in line and f"forward pass at {inference:.2f}x" in line
-    cfg, lines = auto.apply(cfg_of("--learner_bf16=False", "--device=cpu"), {"learner_bf16", "device"}, info(IMAGE),
-                            speedup)
-    assert (cfg.learner_bf16, cfg.inference_bf16) == (False, inference >= 1.1)  # given on the command line: wins
-
-
-@pytest.mark.parametrize("device,gpus,native,given,measures", [
+@pytest.mark.parametrize("device,gpus,native,given,hint", [
     ("cuda", 1, True, (), False), ("cuda:0", 1, True, (), False), ("auto", 1, True, (), False),
     ("auto", 0, True, (), True), ("cpu", 1, True, (), True), ("cpu", 0, False, (), False),
-    ("cpu", 0, True, ("learner_bf16",), True), ("cpu", 0, True, ("learner_bf16", "inference_bf16"), False)])
-def test_bfloat16_is_timed_only_where_the_cpu_has_it_learns_and_infers(monkeypatch, device, gpus, native, given,
-                                                                        measures):
-    """The model applies --learner_bf16 and --inference_bf16 on a CPU only: on CUDA the "auto:" line would claim a
-    speed-up the flags do not give (scripts/gpu_check.py on an H200: outputs identical with and without). A config
+    ("cpu", 0, True, ("learner_bf16",), False)])
+def test_numerics_are_float32_unless_given_and_a_bfloat16_cpu_is_told_of_the_flags(monkeypatch, device, gpus, native,
+                                                                                 given, hint):
+    """No timing chooses bfloat16 (it learns differently): float32 unless a flag says otherwise. Where the CPU that
+    learns and infers has native bfloat16, a line names the flags; on CUDA they do nothing, so no line. A config
     decision: no GPU needed, the devices torch would see are given."""
     monkeypatch.setattr(auto, "cpu_has_bf16", lambda: native)
     monkeypatch.setattr(auto, "cuda_device_count", lambda: gpus)
-    cfg = cfg_of(f"--device={device}")
-    assert auto.measures_bf16(cfg, info(IMAGE), {"device", *given}) == measures
-    assert not auto.measures_bf16(cfg, info(VECTOR), {"device"})
-    cfg, lines = auto.apply(cfg, {"device"}, info(IMAGE))  # not measured: no rule
-    assert not cfg.learner_bf16 and not cfg.inference_bf16 and not any("bf16" in line for line in lines)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_the_model_is_timed_in_both_precisions_in_a_child_process():
-    """appo/learning/precision.py, as the launcher runs it: a child process that prints float32's time over
-    bfloat16's for the forward pass and the SGD step (what they are depends on the CPU; both are real timings)."""
-    from appo.launch import measure_bf16_speedup
-
-    speedup = measure_bf16_speedup(cfg_of("--device=cpu"), info(IMAGE))
-    assert speedup is not None
-    assert 0.05 < speedup.inference < 20 and 0.05 < speedup.sgd < 20
+    cfg = cfg_of(f"--device={device}", *(f"--{name}=True" for name in given))
+    cfg, lines = auto.apply(cfg, {"device", *given}, info(IMAGE))
+    assert (cfg.learner_bf16, cfg.inference_bf16) == ("learner_bf16" in given, False)
+    assert any("--learner_bf16=True and --inference_bf16=True" in line for line in lines) == hint
+    assert not any("bfloat16" in line for line in auto.apply(cfg_of("--device=cpu"), {"device"}, info(VECTOR))[1])
 
 
 @pytest.mark.slow
@@ -139,18 +114,22 @@ def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separ
     assert not any("actor_critic_share_weights" in line for line in lines)
 
 
-@pytest.mark.parametrize("obs,action,terminates,std", [
-    ("vector", "box", False, 0.707), ("vector", "box6", False, 0.408), ("vector", "box1", False, None),
-    ("vector", "box", True, None), ("vector", "box", None, None), ("vector", "discrete", False, None),
-    ("vector", "tuple", False, None), ("image", "box", False, None),
-    ("vector", "humanoid", True, 0.4), ("vector", "humanoid", None, 0.4), ("vector", "humanoid", False, 0.243),
-    ("vector", "narrow1", None, 0.1), ("vector", "one_narrow_part", True, 0.25), ("vector", "unbounded", True, None),
-    ("image", "humanoid", True, None)])
-def test_continuous_actions_start_narrow_where_random_play_never_ends_early_or_the_box_is_narrow(obs, action,
-                                                                                                terminates, std):
+@pytest.mark.parametrize("obs,action,terminates,std,box", [
+    ("vector", "box", False, 0.707, None), ("vector", "box6", False, 0.408, None),
+    ("vector", "box1", False, None, None), ("vector", "box", True, None, None), ("vector", "box", None, None, None),
+    ("vector", "discrete", False, None, None),
+    ("vector", "tuple", False, None, None), ("image", "box", False, None, None),
+    ("vector", "humanoid", True, None, "17 of 17 dimensions start at std 0.4, their half width, not 1"),
+    ("vector", "humanoid", False, 0.243, None),  # 1/sqrt(17) is narrower than the box
+    ("vector", "narrow1", None, None, "1 of 1 dimensions start at std 0.1"),
+    ("vector", "one_narrow_part", True, None, "mean starts at the action box's centre (0, 0.25); 1 of 2 dimensions "
+                                              "start at std 0.25"),
+    ("vector", "unbounded", True, None, None),
+    ("image", "humanoid", True, None, "17 of 17 dimensions start at std 0.4")])
+def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, std, box):
     """Continuous actions on vectors where random actions ended no episode but by a time limit: std 1/sqrt(action
-    dimensions), so a single action keeps std 1; a box narrower than that either side of its centre: its half
-    width (Humanoid's 0.4), probed or not; otherwise unchanged; a given --initial_stddev wins."""
+    dimensions), so a single action keeps std 1; otherwise unchanged; a given --initial_stddev wins. A box that
+    changes where the model starts its Gaussian (appo.spaces.initial_stds) is said in a line, given flag or not."""
     spaces = {"box6": gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "box1": gym.spaces.Box(-2.0, 2.0, (1,), np.float32),
               "humanoid": gym.spaces.Box(-0.4, 0.4, (17,), np.float32),
               "narrow1": gym.spaces.Box(-0.1, 0.1, (1,), np.float32),
@@ -161,8 +140,10 @@ def test_continuous_actions_start_narrow_where_random_play_never_ends_early_or_t
     assert cfg.initial_stddev == (std or cfg_of().initial_stddev)
     narrowed = [line for line in lines if line.startswith(f"auto: --initial_stddev={std} (")]
     assert narrowed if std else not any("initial_stddev" in line for line in lines)
+    assert any(box in line for line in lines) if box else not any("dimensions start at" in line for line in lines)
     cfg, lines = auto.apply(cfg_of("--initial_stddev=0.8"), {"initial_stddev"}, probed)
     assert cfg.initial_stddev == 0.8 and not any("initial_stddev" in line for line in lines)
+    assert any((box or "").replace("not 1", "not 0.8") in line for line in lines)
 
 
 def test_random_play_is_probed_only_where_the_rule_may_apply():
@@ -171,7 +152,6 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
     assert random_play_terminates("Pendulum-v1") is False  # a time limit of 200 steps ends every episode
     assert random_play_terminates("InvertedPendulum-v5") is True  # the pole drops within a few steps
     assert random_play_terminates("Pendulum-v1", max_steps=50) is False
-    assert random_play_terminates("sleep_env", {"step_seconds": 0.01}, limit_s=0.1) is None  # too slow to tell
     assert random_play_terminates("no_such_env") is None
     box = info(VECTOR, action="box")
     assert auto.probes_random_play(cfg_of(), box, set())
@@ -182,9 +162,79 @@ def test_random_play_is_probed_only_where_the_rule_may_apply():
     assert not auto.probes_random_play(cfg_of(), one_action, set())
 
 
+class FallingEnv(gym.Env):
+    """Two continuous actions; a body that falls at step `falls_at` (None: only a time limit of 20 steps ends an
+    episode), each step taking `step_seconds`: the random-play probe on a slow and a fast machine."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, falls_at: int | None = None, step_seconds: float = 0.0):
+        self.falls_at, self.step_seconds, self.t = falls_at, step_seconds, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.step_seconds)
+        self.t += 1
+        return np.zeros(3, np.float32), 0.0, self.t == self.falls_at, self.t >= 20, {}
+
+
+def make_falling_env(**kwargs) -> FallingEnv:
+    return FallingEnv(**kwargs)
+
+
+@pytest.mark.parametrize("falls_at", [15, None])
+def test_the_random_play_probe_answers_the_same_on_a_slow_machine_and_says_it_was_slow(monkeypatch, caplog,
+                                                                                       falls_at):
+    """The probe plays every step however long they take (no time limit that would leave std 1 on a loaded machine),
+    and one that takes over SLOW_PROBE_S logs why start-up waited."""
+    from appo.envs import registry
+
+    monkeypatch.setattr(registry, "SLOW_PROBE_S", 0.05)
+    caplog.set_level(logging.INFO, logger="appo")
+    logger = logging.getLogger("appo")
+    logger.addHandler(caplog.handler)  # appo's logger does not propagate once a run has set it up
+    try:
+        answers = [registry.random_play_terminates("tests.test_auto:make_falling_env",
+                                                   {"falls_at": falls_at, "step_seconds": seconds}, max_steps=40)
+                   for seconds in (0.0, 0.006)]  # 0.09 s to the fall, 0.24 s in all: over the 0.05 s
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert answers == [falls_at is not None] * 2
+    slow = {record.getMessage() for record in caplog.records if record.getMessage().startswith("Random play")}
+    assert len(slow) == 1 and "40 steps of tests.test_auto:make_falling_env took" in slow.pop()  # the slow one only
+
+
+LEARNING_INDEPENDENT = {"num_envs_per_worker", "actor_niceness"}  # the sampler's sizing: a timing may set them
+
+
+@pytest.mark.parametrize("obs,action,terminates", [("vector", "box", False), ("vector", "box", True),
+                                                   ("vector", "discrete", None), ("image", "discrete", None),
+                                                   ("image", "box", None)])
+def test_a_slow_and_a_fast_machine_learn_with_the_same_values(monkeypatch, obs, action, terminates):
+    """The same task timed at 1 us and 20 ms an env step (a fast server, a loaded laptop), on a CPU with native
+    bfloat16 that learns: the same minibatches, learning rate, epochs, numerics and std; only the sampler's sizing
+    differs. The probe's answer comes from its steps, never its time (the test above)."""
+    monkeypatch.setattr(auto, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(auto, "cuda_device_count", lambda: 0)
+    chosen = []
+    for seconds in (1e-6, 0.02):
+        task = dataclasses.replace(info(OBS[obs], step_seconds=seconds, action=action),
+                                   random_play_terminates=terminates)
+        cfg, _ = auto.apply(cfg_of("--device=cpu"), {"device"}, task)
+        chosen.append({name: value for name, value in dataclasses.asdict(cfg).items()
+                       if name not in LEARNING_INDEPENDENT})
+    assert chosen[0] == chosen[1]
+    assert not chosen[0]["learner_bf16"] and not chosen[0]["inference_bf16"]
+
+
 @pytest.mark.parametrize("env,narrow", [
     ("Swimmer-v5", 0.707),  # 2 joints, and only the time limit ends its episodes
-    ("Humanoid-v5", 0.4)])  # it falls under random play, and its actions lie in [-0.4, 0.4]
+    ("Humanoid-v5", 1.0)])  # it falls under random play (its box of [-0.4, 0.4] caps the std in the model)
 def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, monkeypatch, env, narrow):
     from appo import launch
 
@@ -281,9 +331,9 @@ def test_step_cost_is_measured():
 
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "initial_stddev", "num_envs_per_worker", "actor_niceness",
-                 "learner_bf16", "inference_bf16"):
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "initial_stddev", "num_envs_per_worker", "actor_niceness"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
+    assert not auto.flag_help("learner_bf16") and not auto.flag_help("inference_bf16")  # float32 unless given
 
 
 @pytest.mark.slow

@@ -187,6 +187,44 @@ def test_continuous_actions_start_with_the_initial_stddev_around_the_mean(initia
     assert dist.entropy()[0].item() == pytest.approx(expected_entropy, rel=1e-5)
 
 
+UNIT_BOX_CLIPPED = 0.3173  # P(|z| > 1): the share of std 1's samples that a box of [-1, 1] clips to a bound
+
+
+@pytest.mark.parametrize("low,high,centre,std", [
+    ([0.9], [1.0], [0.95], [0.05]),  # off centre: the old mean of 0 clipped nearly every sample to 0.9
+    ([0.0], [1.0], [0.5], [0.5]),  # asymmetric: half the samples clipped at 0
+    ([-1.0], [3.0], [1.0], [1.0]),  # wider than std 1: the scalar std
+    ([-0.1, -1.0, -2.0], [0.1, 1.0, 2.0], [0.0, 0.0, 0.0], [0.1, 1.0, 1.0]),  # one narrow dimension narrows only itself
+    ([-1.0, 0.5], [1.0, 0.5], [0.0, 0.5], [1.0, 1.0]),  # zero width: ignored by the rule, its samples clip to 0.5
+    ([-np.inf, 0.0, -np.inf], [np.inf, np.inf, 2.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]),  # an infinite bound: centre 0
+])
+def test_the_gaussian_starts_at_the_box_centre_with_a_std_per_dimension(low, high, centre, std):
+    """An untrained policy's mean action is the box's centre (0 where a bound is infinite), each dimension's std is at
+    most its half width, and no finite dimension of non-zero width clips more of its samples at the bounds than std 1
+    does on [-1, 1]; log-probs stay finite, zero-width dimensions included."""
+    torch.manual_seed(0)
+    space = gym.spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+    model = ActorCritic(OBS, space, make_cfg())
+    params, _, _ = model.forward_step(as_obs(torch.zeros(40000, 3)), torch.zeros(40000, 1))
+    dist = model.distribution(params)
+    actions = dist.sample().detach()
+    assert np.allclose(actions.mean(0).numpy(), centre, atol=0.02 + 0.02 * np.array(std))
+    assert np.allclose(model.log_std.exp().detach().numpy(), std, rtol=1e-6)
+    assert torch.isfinite(dist.log_prob(actions)).all() and torch.isfinite(dist.entropy()).all()
+    env_actions = np.stack([to_env_action(space, a) for a in actions[:4000].numpy()])
+    clipped = ((env_actions <= space.low) | (env_actions >= space.high)).mean(0)
+    varies = np.isfinite(space.low) & np.isfinite(space.high) & (space.high > space.low)
+    assert (clipped[varies] <= UNIT_BOX_CLIPPED + 0.03).all()
+
+
+def test_a_given_initial_stddev_is_the_scalar_the_box_caps():
+    """--initial_stddev sets every dimension's std but where the box is narrower: [-0.4, 0.4] keeps 0.4."""
+    space = gym.spaces.Box(np.array([-0.4, -2.0], np.float32), np.array([0.4, 2.0], np.float32))
+    model = ActorCritic(OBS, space, make_cfg(initial_stddev=0.6))
+    assert np.allclose(model.log_std.exp().detach().numpy(), [0.4, 0.6])
+    assert "action_centre" not in model.state_dict()  # from the action space, so older checkpoints load
+
+
 @pytest.mark.parametrize("encoder", ["nature_cnn", "impala_resnet"])
 def test_image_encoders(encoder):
     model = ActorCritic(IMAGE, gym.spaces.Discrete(4), make_cfg(encoder=encoder))

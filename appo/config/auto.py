@@ -17,37 +17,39 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   one trunk: a second CNN would double the SGD that already bounds them. (PPO's clip range at 0.2 for these tasks
   was tried and left out: docs/performance_log.md, third sitting of 2026-11-26.)
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
-- Images on a CPU with native bfloat16 (AVX512-BF16, AMX), when that CPU learns and infers (--device=cpu, or auto
-  where torch sees no CUDA device): the run's model is timed both ways at start-up (appo/learning/precision.py, in
-  a child process: about 5 s), and `--learner_bf16` (the CNN's SGD under bfloat16 autocast) and `--inference_bf16`
-  (its forward passes on a bfloat16 copy of its weights) are each on where bfloat16 ran at least BF16_MIN_SPEEDUP
-  times as fast: on one Xeon it ran 1.3x (SGD) and 1.7x (inference), on another listing the same flags 0.7x and 0.6x
-  (scripts/bench_cnn.py measures more options). On CUDA the flags do nothing.
+- Numerics are float32 unless `--learner_bf16` or `--inference_bf16` is given: bfloat16 rounds differently, so a
+  choice made by timing it would learn differently on a faster or slower CPU. Images on a CPU with native bfloat16
+  (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that
+  names the flags: on one Xeon bfloat16 ran the CNN faster, on another listing the same flags slower
+  (docs/PERFORMANCE.md; scripts/bench_cnn.py measures both on this machine). On CUDA the flags do nothing.
 - Continuous actions on vectors where random actions never end an episode early (only a time limit ends them:
-  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up, appo.envs.registry.random_play_terminates): the Gaussian
-  starts at std 1/sqrt(action dimensions) (narrow_start), so the noise vector's expected squared length is 1 at any
-  number of dimensions, as a single action's is at the default std of 1. From 6 unit noises (a third of each
-  dimension's samples clipped at the bounds) HalfCheetah settled on a slow gait at every seed (1,380 at 1M steps, 3
-  seeds); from std 0.5 every seed ran (4,255). A single action keeps std 1: MountainCarContinuous needs that noise to
-  reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving). Where random actions
-  end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a pole that drops) the std stays 1: from a narrow
-  start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds at std 0.5 against 2,823 at 1).
-  Either way the std is at most the action box's half width (narrow_start): sampled actions are clipped to the box,
-  so std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a bound, where std 0.4 puts 32%, as
-  std 1 does on [-1, 1]. Every other task named here has a box of [-1, 1] or wider and is unchanged.
-- Env steps of at least COSTLY_STEP_S: sampling limits the run. A CNN's forward pass costs less per
-  observation in bigger batches, so each forward pass of an inference worker should see about INFERENCE_BATCH
-  observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env) envs, within
-  ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes). Actors
-  also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
-  Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs
-  only add policy lag. With batched sampling of a natively vectorised env the cost is one sub-env's share of a
-  vectorised step (appo.envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
+  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up for RANDOM_PLAY_STEPS steps however long they take,
+  appo.envs.registry.random_play_terminates): the Gaussian starts at std 1/sqrt(action dimensions) (narrow_start), so
+  the noise vector's expected squared length is 1 at any number of dimensions, as a single action's is at the default
+  std of 1. From 6 unit noises (a third of each dimension's samples clipped at the bounds) HalfCheetah settled on a
+  slow gait at every seed (1,380 at 1M steps, 3 seeds); from std 0.5 every seed ran (4,255). A single action keeps std
+  1: MountainCarContinuous needs that noise to reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the
+  policy stopped moving). Where random actions end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a
+  pole that drops) the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849 over
+  5 seeds at std 0.5 against 2,823 at 1). This std, chosen or given, is the model's scalar: the model itself centres
+  the Gaussian on the action box and caps each dimension's std at its half width (appo.spaces.initial_stds), as
+  sampled actions are clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a
+  bound, std 0.4 puts 32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the
+  start.
+- Env steps of at least COSTLY_STEP_S (timed at start-up; the line gives the time): sampling limits the run. A CNN's
+  forward pass costs less per observation in bigger batches, so each forward pass of an inference worker should see
+  about INFERENCE_BATCH observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env)
+  envs, within ENVS_PER_SPLIT (at least 1 for a multi-agent env: a Doom match is already 2 engines and 2 processes).
+  Actors also get `--actor_niceness=COSTLY_ACTOR_NICENESS`, so the inference worker they all wait on runs first.
+  Cheaper envs keep the default 16 per worker: their sampler outruns the learner already, and more envs only add
+  policy lag. With batched sampling of a natively vectorised env the cost is one sub-env's share of a vectorised step
+  (appo.envs.vector.sub_env_step_seconds), so EnvPool's Atari is sized as costly like ALE's.
 - Batched sampling of a vectorised env whose sub-env steps in under FAST_SUB_ENV_S (gymnasium's CartPole vector
   entry point, EnvPool's classic control: a per-env Python loop cannot step any env that fast): the sampler outruns
   a learner at the defaults many times over, so the learner takes bigger minibatches at a learning rate scaled with
   them, and the splits more sub-envs, so an iteration's trajectories come from more episodes (FAST_BATCHED).
-  Measured to threshold against the defaults: CartPole, EnvPool's Acrobot and Pendulum (docs/PERFORMANCE.md).
+  Measured to threshold against the defaults: CartPole, EnvPool's Acrobot and Pendulum (docs/PERFORMANCE.md). This is
+  the one rule left where a timing sets learning hyper-parameters; its line gives the time it was chosen by.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.registry import RANDOM_PLAY_STEPS
 from appo.envs.vector import steps_batched
-from appo.spaces import action_spec, auto_encoder, box_half_width, obs_spaces
+from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
 from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
@@ -73,7 +75,6 @@ COSTLY_ACTOR_NICENESS = 5
 FAST_SUB_ENV_S = 8e-6  # classic control measures 1-5 us, EnvPool's MuJoCo 24 us and up (256 sub-envs)
 FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
 FAST_BATCHED_ENVS_PER_SPLIT = 32
-BF16_MIN_SPEEDUP = 1.1  # bfloat16 rounds more: chosen only with a clear lead over float32, not within the noise
 
 IMAGE_LEARNING = {"ppo_epochs": 1, "num_batches_per_iteration": 1, "learning_rate": 5e-4, "gamma": 0.99,
                   "exploration_loss_coeff": 0.01}
@@ -94,8 +95,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_VECTORS[name]} for continuous (Box) actions on vector observations")
     if name == "initial_stddev":
         rules.append(f"1/sqrt(action dimensions) for continuous (Box) actions on vector observations where "
-                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up) end no episode but by a time limit; "
-                     "for continuous actions on vectors, at most the action box's half width")
+                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up, however long they take) end no "
+                     "episode but by a time limit")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
@@ -107,11 +108,6 @@ def flag_help(name: str) -> str:
                      "(measured at start-up)")
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
-    if name in ("learner_bf16", "inference_bf16"):
-        part = "SGD step" if name == "learner_bf16" else "forward pass"
-        rules.append("True for image observations when a CPU with native bfloat16 (avx512_bf16 or amx_bf16) "
-                     "learns and infers (--device=cpu, or auto without a CUDA device) and the model's "
-                     f"{part}, timed both ways at start-up, runs at least {BF16_MIN_SPEEDUP:g}x as fast in bfloat16")
     if name == "actor_niceness":
         rules.append(f"{COSTLY_ACTOR_NICENESS} for env steps of {COSTLY_STEP_S * 1e3:g} ms or more")
     return f" Auto, when not given: {'; '.join(rules)}." if rules else ""
@@ -127,15 +123,6 @@ class Choice:
     def line(self) -> str:
         flags = " ".join(f"--{name}={value}" for name, value in self.flags.items())
         return f"auto: {flags} ({self.why})" if flags else f"auto: {self.why}"
-
-
-@dataclass(frozen=True)
-class Bf16Speedup:
-    """float32's time over bfloat16's for this run's model on this CPU (appo/learning/precision.py): above 1,
-    bfloat16 is faster."""
-
-    inference: float  # an inference worker's forward pass of INFERENCE_BATCH observations
-    sgd: float  # the learner's SGD step
 
 
 def has_images(info: EnvInfo) -> bool:
@@ -162,11 +149,16 @@ def learns_on_cpu(device: str) -> bool:
     return device == "cpu" or (device == "auto" and cuda_device_count() == 0)
 
 
-def measures_bf16(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
-    """Whether the bfloat16 rule applies, so the model must be timed: images, a bfloat16 flag not given, and a CPU
-    with native bfloat16 that learns and infers."""
-    return (has_images(info) and not {"learner_bf16", "inference_bf16"} <= given and cpu_has_bf16()
-            and learns_on_cpu(cfg.device))
+def bf16_hint(cfg: Config, info: EnvInfo, given: set[str]) -> Choice | None:
+    """A line naming --learner_bf16 and --inference_bf16 where they may speed the run up: images, neither flag given,
+    and a CPU with native bfloat16 that learns and infers. Nothing is chosen: whether bfloat16 is faster differs
+    between CPUs listing the same flags, and a choice by a timing would make the numerics depend on the machine."""
+    if not (has_images(info) and not {"learner_bf16", "inference_bf16"} & given and cpu_has_bf16()
+            and learns_on_cpu(cfg.device)):
+        return None
+    return Choice({}, "this CPU computes bfloat16 natively: --learner_bf16=True and --inference_bf16=True run the CNN "
+                      "in bfloat16, faster on some such CPUs and slower on others (python scripts/bench_cnn.py "
+                      "times both here); float32 unless given")
 
 
 def action_dims(info: EnvInfo) -> int:
@@ -182,22 +174,35 @@ def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
 
 def narrow_start(info: EnvInfo) -> Choice | None:
     """For continuous actions on vectors: the Gaussian's initial std where random play ended no episode early and
-    there is more than one action dimension, or where the action box is narrower than that std; else None."""
+    there is more than one action dimension; else None."""
     dims = action_dims(info)
-    reasons, std = [], 1.0
-    if info.random_play_terminates is False and dims > 1:
-        std = 1 / math.sqrt(dims)
-        reasons.append(f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no "
-                       f"episode early: the noise of all {dims} starts as wide as one action's at std 1, "
-                       f"std 1/sqrt({dims})")
-    half_width = box_half_width(info.action_space)
-    if half_width < std:
-        std = half_width
-        reasons.append(f"the action box is {half_width:g} either side of its centre: std {half_width:g} clips as "
-                       "few of the samples at its bounds as std 1 does on a box of [-1, 1]")
-    if not reasons:
+    if info.random_play_terminates is not False or dims < 2:
         return None
-    return Choice({"initial_stddev": max(0.01, round(std, 3))}, "; ".join(reasons))
+    return Choice({"initial_stddev": round(1 / math.sqrt(dims), 3)},
+                  f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no episode "
+                  f"early: the noise of all {dims} starts as wide as one action's at std 1, std 1/sqrt({dims})")
+
+
+def box_start(info: EnvInfo, stddev: float) -> Choice | None:
+    """What the model makes of the action box at the scalar std `stddev` (appo.spaces.initial_stds), said where it
+    differs from a Gaussian at 0 with that std in every dimension; None elsewhere."""
+    centre, half_width = gaussian_box(info.action_space)
+    stds = initial_stds(stddev, half_width)
+    said = []
+    if np.any(centre):
+        said.append(f"the Gaussian's mean starts at the action box's centre ({_values(centre)})")
+    capped = stds < stddev
+    if capped.any():
+        said.append(f"{capped.sum()} of {len(stds)} dimensions start at std {_values(stds[capped])}, their half width, "
+                    f"not {stddev:g}: that clips as few of the samples at the bounds as std 1 does on [-1, 1]")
+    if np.any(half_width == 0):
+        said.append(f"{np.sum(half_width == 0)} dimensions of zero width cannot vary (the env gets their one value)")
+    return Choice({}, "; ".join(said)) if said else None
+
+
+def _values(values: np.ndarray) -> str:
+    """Distinct values, in order, for a line: Humanoid's 17 half widths are "0.4"."""
+    return ", ".join(f"{value:g}" for value in dict.fromkeys(values.tolist()))
 
 
 def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Choice | None:
@@ -211,8 +216,8 @@ def sampler_sizing(cfg: Config, step_seconds: float, num_agents: int = 1) -> Cho
     actors = f"{actors_per_inference_worker} actor{'s' if actors_per_inference_worker > 1 else ''}"
     agents = f" x {num_agents} agents" if num_agents > 1 else ""
     return Choice({"num_envs_per_worker": per_split * cfg.worker_num_splits, "actor_niceness": COSTLY_ACTOR_NICENESS},
-                  f"{step_seconds * 1e3:.2f} ms per env step: about {INFERENCE_BATCH} observations per forward pass "
-                  f"from {actors}{agents} per inference worker, and inference runs before the actors")
+                  f"{step_seconds * 1e3:.2f} ms per env step, timed at start-up: about {INFERENCE_BATCH} observations "
+                  f"per forward pass from {actors}{agents} per inference worker, and inference runs before the actors")
 
 
 def fast_batched_sizing(cfg: Config, sub_env_seconds: float) -> Choice | None:
@@ -221,14 +226,13 @@ def fast_batched_sizing(cfg: Config, sub_env_seconds: float) -> Choice | None:
     if not steps_batched(cfg.env, cfg.batched_sampling) or sub_env_seconds >= FAST_SUB_ENV_S:
         return None
     return Choice({**FAST_BATCHED, "num_envs_per_worker": FAST_BATCHED_ENVS_PER_SPLIT * cfg.worker_num_splits},
-                  f"batched sampling at {sub_env_seconds * 1e6:.1f} us per sub-env step: the sampler outruns the "
-                  "learner, which takes bigger minibatches")
+                  f"batched sampling at {sub_env_seconds * 1e6:.1f} us per sub-env step, timed at start-up: the "
+                  "sampler outruns the learner, which takes bigger minibatches")
 
 
-def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf16Speedup | None = None
-            ) -> list[Choice]:
+def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[Choice]:
     """Every rule that applies to this env and these given flags (names), with the values it would set (given flags
-    not yet removed). `bf16`: the model timed both ways where `measures_bf16` says so."""
+    not yet removed)."""
     found = []
     if "ppo_epochs" in given:
         found.append(Choice({"adaptive_epochs": False}, "--ppo_epochs given: every iteration trains that many passes"))
@@ -238,6 +242,7 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
     images, continuous = has_images(info), continuous_actions(info)
+    stddev = cfg.initial_stddev  # the Gaussian's scalar std, as the rules leave it
     if images:
         image = {name: value for name, value in IMAGE_LEARNING.items()
                  if not (continuous and name in CONTINUOUS_LEARNING)}
@@ -250,25 +255,22 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset(), bf16: Bf1
         found.append(Choice(dict(CONTINUOUS_VECTORS), "continuous actions on vectors: the critic's own MLP keeps the "
                                                       "value loss off the policy's features"))
         narrow = narrow_start(info)
-        found += [narrow] if narrow else []
-    if bf16 is not None:
-        found.append(Choice({"learner_bf16": bf16.sgd >= BF16_MIN_SPEEDUP,
-                             "inference_bf16": bf16.inference >= BF16_MIN_SPEEDUP},
-                            "image observations on a CPU with native bfloat16, the model timed both ways here: "
-                            f"bfloat16 ran its SGD step at {bf16.sgd:.2f}x float32's speed and its forward pass at "
-                            f"{bf16.inference:.2f}x; each is on from {BF16_MIN_SPEEDUP:g}x"))
+        if narrow:
+            found.append(narrow)
+            stddev = narrow.flags["initial_stddev"] if "initial_stddev" not in given else stddev
+    box = box_start(info, stddev)
+    found += [rule for rule in (box, bf16_hint(cfg, info, given)) if rule]
     if info.step_seconds is not None:  # (images keep IMAGE_LEARNING's learning rate)
         found += [rule for rule in (sampler_sizing(cfg, info.step_seconds, info.num_agents),
                                     None if images else fast_batched_sizing(cfg, info.step_seconds)) if rule]
     return found
 
 
-def apply(cfg: Config, given: set[str], info: EnvInfo, bf16: Bf16Speedup | None = None
-          ) -> tuple[Config, list[str]]:
+def apply(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, list[str]]:
     """`cfg` with the values the rules choose for flags not in `given` (flag names), and the "auto:" lines to
     log. A rule whose flags were all given says nothing."""
     lines, values = [], {}
-    for choice in choices(cfg, info, given, bf16):
+    for choice in choices(cfg, info, given):
         chosen = {name: value for name, value in choice.flags.items() if name not in given}
         if choice.flags and not chosen:
             continue

@@ -258,9 +258,12 @@ class LearningFlags:
                                    "output preservation), so no --reward_scale has to be tuned to the task's reward "
                                    "sizes.")
     initial_stddev: float = flag(1.0, MODEL,
-                                 "Standard deviation of the Gaussian of continuous actions before training, the same "
-                                 "for every action dimension; learned from there as one parameter per dimension that "
-                                 "does not depend on the observation.", valid="[0.01, 7]")
+                                 "Standard deviation of the Gaussian of continuous actions before training; learned "
+                                 "from there as one parameter per dimension that does not depend on the observation. "
+                                 "The Gaussian starts at the action box's centre, and a dimension whose box is "
+                                 "narrower either side than this std starts at its half width (sampled actions are "
+                                 "clipped to the box); dimensions of zero width or with an infinite bound keep this "
+                                 "std.", valid="[0.01, 7]")
     hidden_size: int = flag(64, MODEL, "Width of the MLP encoder layers and of the RNN core.", aliases=("rnn_size",),
                             valid="[1, inf)")
     mlp_layers: int = flag(2, MODEL, "Number of hidden layers in the MLP encoder.", valid="[0, inf)")
@@ -317,8 +320,9 @@ class LearningFlags:
     adam_beta2: float = flag(0.999, LEARNING, "Adam's beta2: the decay rate of its running mean of squared gradients.")
     max_grad_norm: float = flag(4.0, LEARNING, "Gradient norm clipping threshold; 0 disables it.")
     exploration_loss: str = flag("entropy", LEARNING,
-                                 "Exploration bonus: policy entropy, or symmetric KL to a uniform/standard-normal "
-                                 "prior.", choices=("entropy", "symmetric_kl"))
+                                 "Exploration bonus: policy entropy, or symmetric KL to a prior: uniform for "
+                                 "discrete actions, normal with std 1 at the action box's centre for continuous ones.",
+                                 choices=("entropy", "symmetric_kl"))
     exploration_loss_coeff: float = flag(0.003, LEARNING, "Weight of the exploration loss.")
     kl_loss_coeff: float = flag(0.0, LEARNING,
                                 "Weight of a penalty on the KL divergence of the policy from the behaviour policy, "

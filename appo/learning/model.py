@@ -23,9 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from appo.memory.buffers import rnn_size
-from appo.spaces import action_spec, auto_encoder, obs_spaces
+from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
 
 ObsDict = dict[str, Tensor]
+LOG_STD_BOUNDS = (-5.0, 2.0)  # a Gaussian's log-std is clamped to these when sampled and scored
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -34,11 +35,12 @@ class ActionDistribution:
 
     `params` [..., P] hold, part after part, n logits per discrete part and d means + d log-stds per
     Gaussian part. Actions [..., A] hold one integer per discrete part and d floats per Gaussian part
-    (a Discrete space's actions have no last dimension).
+    (a Discrete space's actions have no last dimension). `centre`: the action box's centre per Gaussian dimension,
+    where symmetric_kl_to_prior centres its prior (None: 0).
     """
 
-    def __init__(self, params: Tensor, spec: list[tuple[str, int]], scalar_action: bool):
-        self.spec, self.scalar_action = spec, scalar_action
+    def __init__(self, params: Tensor, spec: list[tuple[str, int]], scalar_action: bool, centre: Tensor | None = None):
+        self.spec, self.scalar_action, self.centre = spec, scalar_action, centre
         self.parts: list[tuple[str, Tensor, Tensor | None]] = []
         offset = 0
         for kind, n in spec:
@@ -47,7 +49,7 @@ class ActionDistribution:
                 offset += n
             else:
                 mean = params[..., offset:offset + n]
-                log_std = params[..., offset + n:offset + 2 * n].clamp(-5.0, 2.0)
+                log_std = params[..., offset + n:offset + 2 * n].clamp(*LOG_STD_BOUNDS)
                 self.parts.append((kind, mean, log_std))
                 offset += 2 * n
 
@@ -104,15 +106,19 @@ class ActionDistribution:
         return total
 
     def symmetric_kl_to_prior(self) -> Tensor:
-        """KL(pi || prior) + KL(prior || pi); the prior is uniform (discrete) or N(0, 1) per dim (Gaussian)."""
-        total = 0.0
+        """KL(pi || prior) + KL(prior || pi); the prior is uniform (discrete) or N(box centre, 1) per dim (Gaussian):
+        the mean starts at the centre, which is no departure from the prior."""
+        total, gaussian_offset = 0.0, 0
         for kind, a, log_std in self.parts:
             if kind == "discrete":
                 n = a.shape[-1]
                 log_uniform = -math.log(n)
                 total = total + (a.exp() * (a - log_uniform)).sum(-1) + ((log_uniform - a) / n).sum(-1)
             else:
-                var, mean_sq = (2 * log_std).exp(), a.pow(2)
+                n = a.shape[-1]
+                mean = a if self.centre is None else a - self.centre[gaussian_offset:gaussian_offset + n]
+                gaussian_offset += n
+                var, mean_sq = (2 * log_std).exp(), mean.pow(2)
                 kl_pi_prior = 0.5 * (var + mean_sq - 1.0) - log_std
                 kl_prior_pi = 0.5 * ((1.0 + mean_sq) / var - 1.0) + log_std
                 total = total + (kl_pi_prior + kl_prior_pi).sum(-1)
@@ -393,9 +399,13 @@ class ActorCritic(nn.Module):
         self.trunks = nn.ModuleList([self._trunk(obs_space, cfg) for _ in range(1 if self.shared else 2)])
         size = cfg.hidden_size if cfg.use_rnn else self.trunks[0]["encoder"].out_size
         self.policy_head = _linear(size, sum(n for _, n in self.spec), 0.01)
-        gaussian_dims = sum(n for kind, n in self.spec if kind == "gaussian")
-        initial_log_std = torch.full((gaussian_dims,), math.log(cfg.initial_stddev))
-        self.log_std = nn.Parameter(initial_log_std) if gaussian_dims else None
+        # The Gaussian starts at the action box's centre (an offset of its means, computed from the space: no part of
+        # the state dict, so checkpoints of either kind load), each dimension's std capped by the box.
+        centre, half_width = gaussian_box(action_space)
+        initial_log_std = [math.log(std) for std in initial_stds(cfg.initial_stddev, half_width)]
+        self.log_std = nn.Parameter(torch.tensor(initial_log_std).clamp(*LOG_STD_BOUNDS)) if len(centre) else None
+        self.register_buffer("action_centre", torch.tensor(centre, dtype=torch.float32) if np.any(centre) else None,
+                             persistent=False)
         self.value_head = _linear(size, 1, 1.0)
         # --normalize_returns: the value head predicts targets in units of their running mean/std.
         self.returns_norm = RunningNorm((), clip=None) if cfg.normalize_returns else None
@@ -428,18 +438,21 @@ class ActorCritic(nn.Module):
         raw = self.policy_head(x)
         if self.log_std is None:
             return raw
-        # Interleave state-independent log-stds after each Gaussian part's means.
+        # Interleave state-independent log-stds after each Gaussian part's means (offset by the box's centre).
         parts, offset, std_offset = [], 0, 0
         for kind, n in self.spec:
-            parts.append(raw[..., offset:offset + n])
+            out = raw[..., offset:offset + n]
             if kind == "gaussian":
-                parts.append(self.log_std[std_offset:std_offset + n].expand_as(raw[..., offset:offset + n]))
+                centred = out if self.action_centre is None else out + self.action_centre[std_offset:std_offset + n]
+                parts += [centred, self.log_std[std_offset:std_offset + n].expand_as(out)]
                 std_offset += n
+            else:
+                parts.append(out)
             offset += n
         return torch.cat(parts, dim=-1)
 
     def distribution(self, params: Tensor) -> ActionDistribution:
-        return ActionDistribution(params, self.spec, self.scalar_action)
+        return ActionDistribution(params, self.spec, self.scalar_action, self.action_centre)
 
     def _values(self, features: Tensor) -> Tensor:
         """Value estimates in reward units (the head's output denormalised under --normalize_returns)."""

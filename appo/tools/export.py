@@ -4,8 +4,9 @@
 
 The exported model maps a batch of observations (one input per observation key, named after it; `obs`
 for a Box space) and, for a recurrent policy, the recurrent state `rnn_states` [batch, state size] to:
-- `action_params`: per discrete action part its logits, per continuous part its means then its log-stds
-  (the trainer clamps log-stds to [-5, 2] when it samples);
+- `action_params`: per discrete action part its logits, per continuous part its means (the action box's centre
+  included: an untrained policy's mean is the centre) then its log-stds (the trainer clamps log-stds to
+  `appo.learning.model.LOG_STD_BOUNDS` when it samples, and clips the actions to the box);
 - `values`: the value estimate of each row, in reward units;
 - `next_rnn_states` (recurrent policies only): the state to pass with the next step (zeros at an
   episode start).
