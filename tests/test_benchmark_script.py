@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, processes_mentioning, shm_entries, wait_for
-from tests.test_guides import leaked_segments
+from tests.conftest import REPO, leaked_segments, processes_mentioning, shm_entries, wait_for
 from tests.test_reporting import module
 
 CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pth$")

@@ -24,8 +24,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.conftest import REPO, shm_entries
-from tests.test_guides import bash_commands, leaked_segments, localized, run
+from tests.conftest import REPO, leaked_segments, shm_entries
+from tests.test_guides import bash_commands, localized, run
 
 ALL_PAGES = ["README.md"] + sorted(f"docs/{os.path.basename(p)}" for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
 PAGES = [page for page in ALL_PAGES if not os.path.basename(page).startswith("guide_")]  # guides: tests/test_guides.py

@@ -20,7 +20,7 @@ import sys
 import psutil
 import pytest
 
-from tests.conftest import REPO, shm_entries, wait_for
+from tests.conftest import REPO, leaked_segments, shm_entries, wait_for
 
 GUIDES = sorted(os.path.basename(path) for path in glob.glob(os.path.join(REPO, "docs", "guide_*.md")))
 FENCE = re.compile(r"^```(bash|python)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -83,16 +83,6 @@ def run(args: list[str], cwd: str, timeout: float = COMMAND_TIMEOUT) -> str:
     wait_for(lambda: not session_processes(proc.pid), 5, f"end of the processes {args} started")
     assert proc.returncode == 0, f"{args} exited with {proc.returncode}:\n{output[-3000:]}"
     return output
-
-
-def leaked_segments(before: set[str]) -> set[str]:
-    """New /dev/shm entries, leaving out weight segments of runners still alive (other tests running now)."""
-    leaked = set()
-    for name in shm_entries() - before:
-        match = re.fullmatch(r"appo_(\d+)_.*", name)
-        if match is None or not psutil.pid_exists(int(match.group(1))):
-            leaked.add(name)
-    return leaked
 
 
 def run_guide(guide: str, cwd: str) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from tests.conftest import REPO, shm_entries
+from tests.conftest import REPO, leaked_segments, shm_entries
 
 pytestmark = pytest.mark.slow  # every test here starts a trainer or trains
 
@@ -61,7 +61,7 @@ def train_from(folder: pathlib.Path, env: dict[str, str]) -> None:
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=150, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (folder / "train_dir" / "user" / "done").exists()
-    assert shm_entries() - before == set()
+    assert leaked_segments(before) == set()
 
 
 @pytest.mark.timeout(180)

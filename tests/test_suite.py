@@ -10,7 +10,7 @@ import pytest
 
 from appo.config.auto import IMAGE_LEARNING
 from appo.config.flags import Config
-from tests.conftest import REPO, shm_entries
+from tests.conftest import REPO, leaked_segments, shm_entries
 from tests.test_reporting import module
 
 
@@ -38,7 +38,7 @@ def test_suite_runs_one_short_task(tmp_path):
         assert time_cell == steps_cell == "-"
     assert cells[7] != "-" and float(cells[7]) > 50.0  # a final mean return well above random play (about 22)
     assert (out / "suite.png").stat().st_size > 5_000
-    assert shm_entries() - before == set()
+    assert leaked_segments(before) == set()
 
 
 def pbt_record(start: str, arm: str, seed: int, solved_s: float | None, best: float) -> dict:

@@ -22,8 +22,7 @@ from appo.sweep.objectives import OBJECTIVES, TrialFailure
 from appo.sweep.scheduler import Scheduler
 from appo.sweep.space import load_sweep
 from appo.sweep.trial import TrialRun
-from tests.conftest import REPO, processes_mentioning, shm_entries, wait_for
-from tests.test_guides import leaked_segments
+from tests.conftest import REPO, leaked_segments, processes_mentioning, shm_entries, wait_for
 
 # A small CartPole trainer: one actor of 4 envs, summaries twice a second so the pruner sees each checkpoint.
 CARTPOLE = {"train_for_env_steps": 20000, "num_workers": 1, "num_envs_per_worker": 4, "device": "cpu",
