@@ -78,7 +78,7 @@ WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
 def installed(module: str) -> bool:
     """Whether `module` can be found, without importing it (wandb and mlflow take seconds to import)."""
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module) is not None  # a look, not an import: no plain import can do that
     except (ImportError, ValueError):  # a finder that refuses it; a module set to None in sys.modules
         return False
 
@@ -193,7 +193,7 @@ def load_mapping(mapping: str) -> MappingFn:
     if not module_name or not attribute:
         raise MappingError(f"--policy_mapping={mapping}: use the form package.module:function")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # importlib: the module is the user's --policy_mapping
     except ImportError as exc:
         raise MappingError(f"--policy_mapping={mapping}: cannot import {module_name!r} ({exc})") from exc
     function = getattr(module, attribute, None)

@@ -270,7 +270,7 @@ def encoder_factory(name: str, space: gym.spaces.Box) -> Callable[[gym.spaces.Bo
         return ENCODERS[name]
     if ":" in name:
         module, attribute = name.split(":", 1)
-        return getattr(importlib.import_module(module), attribute)
+        return getattr(importlib.import_module(module), attribute)  # importlib: the user's --encoder=module:factory
     raise ValueError(f"--encoder={name}: unknown; use auto, {', '.join(ENCODERS)} or package.module:factory")
 
 
