@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,19 @@ def check_ray_installed(cfg: Any) -> None:
         raise ConfigError('--backend=ray needs Ray, which is not installed: pip install -e ".[ray]"')
 
 
-# --with_<tracker> flags, the module each needs and the extra of pyproject.toml that installs it.
-TRACKER_PACKAGES = (("with_wandb", "wandb", "wandb"), ("with_mlflow", "mlflow", "mlflow"))
+@dataclass(frozen=True)
+class Tracker:
+    """A tracker the summaries can go to besides the local files, named once here for the torch-free check that its
+    library is installed and for appo/tracking/recorder.py, which keys each tracker's writer by it."""
+
+    flag: str  # the --with_<tracker> flag that turns it on
+    module: str  # the library it needs
+    extra: str  # the extra of pyproject.toml that installs it
+
+
+WANDB = Tracker("with_wandb", "wandb", "wandb")
+MLFLOW = Tracker("with_mlflow", "mlflow", "mlflow")
+TRACKERS = (WANDB, MLFLOW)
 WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
 
 
@@ -84,9 +96,10 @@ def installed(module: str) -> bool:
 
 
 def check_trackers_installed(cfg: Any) -> None:
-    for name, module, extra in TRACKER_PACKAGES:
-        if getattr(cfg, name) and not installed(module):
-            raise ConfigError(f'--{name} needs {module}, which is not installed: pip install -e ".[{extra}]"')
+    for tracker in TRACKERS:
+        if getattr(cfg, tracker.flag) and not installed(tracker.module):
+            raise ConfigError(f"--{tracker.flag} needs {tracker.module}, which is not installed: "
+                              f'pip install -e ".[{tracker.extra}]"')
 
 
 def wandb_tags(cfg: Any) -> list[str]:
