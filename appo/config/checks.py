@@ -155,6 +155,8 @@ def check_lr_schedule(cfg: Any) -> None:
 
 
 def check_learner_ranks(cfg: Any) -> None:
+    """What the flags must be for several learner ranks, on their own; whether this machine has their GPUs and ports
+    is preflight.check_rank_gpus_and_ports, once the run is about to start."""
     ranks = cfg.learner_processes_per_policy
     if ranks > 1 and cfg.serial_mode:
         raise ConfigError(f"--learner_processes_per_policy={ranks}: each rank is a process of its own, which "
