@@ -13,13 +13,13 @@ import importlib.util
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from appo.config.encoders import AUTO, BUILT_IN_ENCODERS, REGISTERED
 from appo.config.flags import FLAG_NAMES, NO_BUDGET, spec, value_type
 
 
@@ -34,9 +34,6 @@ class MappingError(Exception):
 # A user mapping: (agents of the env, learning policies, random generator) -> a learning policy per agent.
 MappingFn = Callable[[int, int, np.random.Generator], Sequence[int]]
 
-
-# The encoders appo/learning/model.py builds in (`auto` picks one of them by the observation).
-BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "small_cnn", "impala_resnet")
 
 KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
 
@@ -244,12 +241,11 @@ def env_kwargs(cfg: Any) -> dict[str, Any]:
 
 
 def validate_encoder(name: str) -> None:
-    """Without importing torch: built-in names, `module:factory`, or names registered by a launcher
-    (which imported appo.learning.model to call register_encoder)."""
-    registered = sys.modules["appo.learning.model"].ENCODERS if "appo.learning.model" in sys.modules else {}
-    if name in BUILT_IN_ENCODERS or name in registered or ":" in name:
+    """Without importing torch (appo/config/encoders.py): built-in names, `module:factory`, or names registered by a
+    launcher."""
+    if name == AUTO or name in BUILT_IN_ENCODERS or name in REGISTERED or ":" in name:
         return
-    raise ConfigError(f"--encoder={name}: unknown; use {', '.join(BUILT_IN_ENCODERS)}, a name registered with "
+    raise ConfigError(f"--encoder={name}: unknown; use {', '.join((AUTO, *BUILT_IN_ENCODERS))}, a name registered with "
                       "appo.learning.model.register_encoder, or package.module:factory")
 
 
