@@ -1,7 +1,6 @@
 """Helpers for tests that run the real trainer as a subprocess, or drive real learners in-process."""
 
 import importlib.util
-import logging
 import os
 import re
 import subprocess
@@ -31,16 +30,6 @@ def source_file(module: str) -> str | None:
     except ModuleNotFoundError:
         return None
     return spec.origin if spec is not None else None
-
-
-@pytest.fixture(autouse=True)
-def appo_logger_as_it_was():
-    """An in-process run (`appo.train()`) sets up the 'appo' logger for the terminal (its own handlers, no
-    propagation); put it back after each test, so a later test's `caplog` still sees the records."""
-    logger = logging.getLogger("appo")
-    state = logger.handlers[:], logger.propagate, logger.level
-    yield
-    logger.handlers[:], logger.propagate, logger.level = state[0], state[1], state[2]
 
 
 def shm_entries() -> set[str]:
