@@ -92,9 +92,15 @@ def installed(module: str) -> bool:
         return False
 
 
+def trackers_on(cfg: Any) -> list[Tracker]:
+    """The trackers whose flag is on, in the order of TRACKERS (the flags are read here, in the config package, where
+    tests/test_config.py lets a flag's name be computed)."""
+    return [tracker for tracker in TRACKERS if getattr(cfg, tracker.flag)]
+
+
 def check_trackers_installed(cfg: Any) -> None:
-    for tracker in TRACKERS:
-        if getattr(cfg, tracker.flag) and not installed(tracker.module):
+    for tracker in trackers_on(cfg):
+        if not installed(tracker.module):
             raise ConfigError(f"--{tracker.flag} needs {tracker.module}, which is not installed: "
                               f'pip install -e ".[{tracker.extra}]"')
 

@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any
 
-from appo.config.checks import MLFLOW, TRACKERS, WANDB, Tracker, installed
+from appo.config.checks import MLFLOW, WANDB, Tracker, installed, trackers_on
 from appo.config.flags import Config
 from appo.tracking.background import Background
 from appo.tracking.event_file import tensorboard_tag
@@ -85,8 +85,7 @@ def open_recorder(cfg: Config, exp_dir: str, run_config: dict[str, Any]) -> Reco
     writers: list[Writer] = [TensorboardWriter(exp_dir)]
     if cfg.with_jsonl:
         writers.append(JsonlWriter(exp_dir))
-    writers += [Background(WRITERS[tracker], cfg, exp_dir, run_config) for tracker in TRACKERS
-                if getattr(cfg, tracker.flag)]
+    writers += [Background(WRITERS[tracker], cfg, exp_dir, run_config) for tracker in trackers_on(cfg)]
     return Recorder(writers)
 
 
@@ -95,9 +94,7 @@ def send_file(cfg: Config, exp_dir: str, path: str, folder: str) -> None:
     saved flags (`cfg`) turned on; each failure (a tracker no longer installed too) is one line, and the caller goes
     on either way."""
     writers: list[Writer] = []
-    for tracker in TRACKERS:
-        if not getattr(cfg, tracker.flag):
-            continue
+    for tracker in trackers_on(cfg):
         if installed(tracker.module):
             writers.append(Background(WRITERS[tracker], cfg, exp_dir, None))
         else:
