@@ -49,7 +49,7 @@ from appo.population.pbt import load_population
 from appo.preflight import check_extension, check_machine, check_platform
 from appo.run.result import RunResult, result_path
 from appo.utils.files import atomic_write_text
-from appo.utils.logs import log, setup_logging
+from appo.utils.logs import log, logger_restored, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
 from appo.utils.resources import write_failure
 
@@ -73,8 +73,10 @@ def train(env: str, hooks: Hooks | None = None, **flags: Any) -> TrainResult:
     (appo/config/cfg.py `parse_keywords`); bad ones raise `ConfigError` with the command line's error line (an env
     that cannot be made: `EnvError`) before anything is written. `hooks` run besides the ones registered with the
     decorators of appo.hooks. This process runs the runner (call it from the main thread: it handles Ctrl-C) and
-    forks the workers."""
-    return run(*parse_keywords({"env": env, **flags}), hooks)
+    forks the workers. The 'appo' logger is set up for the run's terminal and log file while it runs, and put back as
+    it was when it returns or raises, since the caller's process goes on."""
+    with logger_restored():
+        return run(*parse_keywords({"env": env, **flags}), hooks)
 
 
 @dataclass

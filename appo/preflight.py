@@ -17,7 +17,7 @@ import socket
 import tempfile
 
 from appo.config.cfg import Config, ConfigError
-from appo.config.topology import num_acting_ids
+from appo.config.topology import group_port, num_acting_ids
 from appo.envs import EnvInfo
 from appo.utils.resources import SHM_DIR, cuda_device_count, free_bytes, mb, shm_room
 
@@ -29,7 +29,7 @@ def check_machine(cfg: Config, info: EnvInfo) -> None:
     """Everything the run needs of this machine, once the flags and the env are known."""
     check_train_dir(cfg.train_dir)
     check_device_visible(cfg.device)
-    check_learner_ranks(cfg)
+    check_rank_gpus_and_ports(cfg)
     check_room(cfg, info)
     if cfg.backend == "ray":
         check_ray_address(cfg.ray_address)
@@ -73,9 +73,10 @@ def check_device_visible(device: str) -> None:
                           f"{'--device=cuda:0 to cuda:' + str(count - 1) + ', ' if count else ''}--device=cpu or auto")
 
 
-def check_learner_ranks(cfg: Config) -> None:
-    """--learner_processes_per_policy > 1: one GPU per rank on CUDA, and each policy's rendezvous port free on this
-    host (a port on another host is that host's business)."""
+def check_rank_gpus_and_ports(cfg: Config) -> None:
+    """--learner_processes_per_policy > 1 on this machine: one GPU per rank on CUDA, and each policy's rendezvous port
+    free on this host (a port on another host is that host's business). What the flags must be for ranks, on their
+    own, is checks.check_learner_ranks."""
     ranks = cfg.learner_processes_per_policy
     if ranks == 1:
         return
@@ -84,7 +85,7 @@ def check_learner_ranks(cfg: Config) -> None:
         raise ConfigError(f"--learner_processes_per_policy={ranks}: each rank on CUDA needs a GPU of its own and "
                           f"{count} are visible; use at most {count}, or --device=cpu")
     for policy in range(cfg.num_policies):
-        port = cfg.learner_master_port + policy
+        port = group_port(cfg, policy)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous does: a listener counts
             try:

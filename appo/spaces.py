@@ -15,6 +15,8 @@ import math
 import gymnasium as gym
 import numpy as np
 
+from appo.config.encoders import MLP, NATURE_CNN, SMALL_CNN
+
 SINGLE_KEY = "obs"
 
 
@@ -39,12 +41,12 @@ def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     [C, H, W] or [H, W, C], nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
     shape = tuple(space.shape)
     if len(shape) != 3:
-        return "mlp", f"{'x'.join(map(str, shape))} vector"
+        return MLP, f"{'x'.join(map(str, shape))} vector"
     channels_last = shape[-1] <= 4 < shape[0]
     height, width = shape[:2] if channels_last else shape[1:]
     if min(height, width) >= NATURE_CNN_MIN_SIZE:
-        return "nature_cnn", f"{height}x{width} images"
-    return "small_cnn", (f"{height}x{width} images, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} "
+        return NATURE_CNN, f"{height}x{width} images"
+    return SMALL_CNN, (f"{height}x{width} images, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} "
                          "nature_cnn needs")
 
 

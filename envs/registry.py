@@ -63,7 +63,7 @@ def _module_function(env_id: str) -> Callable[..., gym.Env] | None:
         return None
     module_name, attribute = env_id.split(":", 1)
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # importlib: the module is the user's --env=module:function
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; {_missing_hint(module_name, exc.name)}") \
             from exc

@@ -1,7 +1,6 @@
 """Helpers for tests that run the real trainer as a subprocess, or drive real learners in-process."""
 
 import importlib.util
-import logging
 import os
 import re
 import subprocess
@@ -51,16 +50,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
-
-
-@pytest.fixture(autouse=True)
-def appo_logger_as_it_was():
-    """An in-process run (`appo.train()`) sets up the 'appo' logger for the terminal (its own handlers, no
-    propagation); put it back after each test, so a later test's `caplog` still sees the records."""
-    logger = logging.getLogger("appo")
-    state = logger.handlers[:], logger.propagate, logger.level
-    yield
-    logger.handlers[:], logger.propagate, logger.level = state[0], state[1], state[2]
 
 
 def shm_entries() -> set[str]:

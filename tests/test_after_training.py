@@ -1,6 +1,7 @@
 """After training: load_policy, enjoy (with video), ONNX and TorchScript export, the Python API."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -240,13 +241,30 @@ def test_train_raises_on_bad_flags_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_train_in_process_leaves_the_interpreters_hooks_as_they_were(tmp_path):
-    """A run in the caller's process, summaries written included, leaves the process-wide exception hooks alone."""
+def test_train_in_process_leaves_the_interpreters_hooks_and_the_logger_as_they_were(tmp_path):
+    """A run in the caller's process, summaries written included, leaves the process-wide exception hooks alone, and
+    the 'appo' logger as it found it (its handlers, propagation and level), so the caller's logging goes on as before:
+    also after a run that was finished already, and after bad flags."""
     hooks = threading.excepthook, sys.unraisablehook
-    result = train(env="CartPole-v1", experiment="hooks", train_dir=str(tmp_path), num_workers=1,
-                   num_envs_per_worker=4, train_for_env_steps=4000, experiment_summaries_interval=0.2)
-    assert result.completed and os.listdir(tmp_path / "hooks" / "summaries" / "0")
-    assert (threading.excepthook, sys.unraisablehook) == hooks
+    logger = logging.getLogger("appo")
+    ours, level = logging.NullHandler(), logger.level
+    logger.addHandler(ours)
+    try:
+        logger.setLevel(logging.WARNING)
+        state = logger.handlers[:], logger.propagate, logger.level
+        common = {"experiment": "hooks", "train_dir": str(tmp_path), "num_workers": 1}
+        result = train(env="CartPole-v1", **common, num_envs_per_worker=4, train_for_env_steps=4000,
+                       experiment_summaries_interval=0.2)
+        assert result.completed and os.listdir(tmp_path / "hooks" / "summaries" / "0")
+        assert (threading.excepthook, sys.unraisablehook) == hooks
+        assert (logger.handlers, logger.propagate, logger.level) == state
+        assert train(env="CartPole-v1", **common).reason == "already finished"
+        with pytest.raises(ConfigError):
+            train(env="CartPole-v1", **common, batch_size=100)
+        assert (logger.handlers, logger.propagate, logger.level) == state
+    finally:
+        logger.removeHandler(ours)
+        logger.setLevel(level)
 
 
 @pytest.mark.slow

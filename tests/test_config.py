@@ -15,7 +15,7 @@ import pytest
 
 from appo.config import Config, ConfigError
 from appo.config.cfg import build_parser, load_saved_cfg, make_config, merge_resumed, parse_args, save_cfg, saved_config
-from appo.config.checks import validate
+from appo.config.checks import TRACKERS, validate
 from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, spec, value_type
 from appo.config.hyperparams import MUTABLE, Hyperparams
 from appo.config.views import ROLE_VIEWS, ActorConfig, EvaluatorConfig, InferenceConfig, LearnerConfig, RunnerConfig
@@ -24,6 +24,8 @@ from tests.conftest import REPO, source_file
 # ---------------------------------------------------------------- which flags a module reads (ast)
 FOLLOWED_PACKAGES = ("appo",)
 COMPUTED = "getattr(cfg, <computed name>)"
+# Helpers of the config package that read flags by computed names from a table of its own, and the flags they read.
+TABLE_READS = {(os.path.join(REPO, "appo", "config", "checks.py"), "trackers_on"): {t.flag for t in TRACKERS}}
 
 
 def is_cfg(node: ast.AST) -> bool:
@@ -99,6 +101,8 @@ def definition_reads(path: str, name: str, method: str | None, seen: set) -> set
     if (path, name, method) in seen:
         return set()
     seen.add((path, name, method))
+    if (path, name) in TABLE_READS:
+        return TABLE_READS[path, name]
     node = parsed(path)[1][name]
     if method is not None:
         if not isinstance(node, ast.ClassDef):

@@ -19,10 +19,10 @@ from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_che
 from appo.learning.learner import MAX_CONSECUTIVE_SKIPPED
 from appo.learning.ppo import replace_nonfinite_
 from appo.messages import SetHyperparams, WorkerFailed, WorkerReady
+from appo.run.roles import Role, nothing_to_lower
 from appo.run.supervisor import Supervisor
 from appo.utils.process import FatalError
 from appo.utils.queues import make_queue
-from appo.workers.roles import Role, nothing_to_lower
 from tests.conftest import final_reward, wait_for
 
 SMALL = ["--num_workers=2", "--num_envs_per_worker=4", "--report_interval=1", "--decorrelate_envs_on_one_worker=False"]
@@ -240,7 +240,7 @@ class CrashingWorker:
 def test_a_crash_after_ready_is_replaceable_and_one_before_is_permanent(ready):
     report_queue = make_queue()
     supervisor = Supervisor(report_queue, max_restarts=3)
-    role = Role("actor", "tests.test_faults:CrashingWorker", nothing_to_lower)
+    role = Role("actor", lambda: CrashingWorker, nothing_to_lower)
     supervisor.add("actor_0", role, lambda: (report_queue, "actor_0", ready), inbox=make_queue())
     supervisor.workers["actor_0"].process.join(10)
     for message in report_queue.get_many(timeout=1):
@@ -267,7 +267,7 @@ class SleepingWorker:
 def test_a_death_in_a_group_restarts_the_whole_group_and_counts_once():
     report_queue = make_queue()
     supervisor = Supervisor(report_queue, max_restarts=3)
-    role = Role("learner", "tests.test_faults:SleepingWorker", nothing_to_lower)
+    role = Role("learner", lambda: SleepingWorker, nothing_to_lower)
     for name, group in (("rank0", "g"), ("rank1", "g"), ("alone", None)):
         supervisor.add(name, role, lambda name=name: (report_queue, name), inbox=None, group=group)
     pids = {name: worker.process.pid for name, worker in supervisor.workers.items()}

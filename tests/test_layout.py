@@ -66,15 +66,51 @@ def layer_of(module: str) -> int | None:
     return None
 
 
-def appo_imports() -> list[tuple[str, str]]:
-    """(importing module, imported module) for every `from appo... import` in appo/ and envs/, lazy ones included."""
-    edges = []
+def imported_modules(node: ast.AST) -> list[str]:
+    """The appo modules one import statement names: `from appo.x import y`, `import appo.x`."""
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        names = [node.module]
+    elif isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        return []
+    return [name for name in names if name.startswith("appo.")]
+
+
+def source_trees() -> list[tuple[str, ast.AST]]:
+    """(module name, its syntax tree) for every module of appo/ and envs/ (installed as appo.envs)."""
+    trees = []
     for folder, package in (("appo", "appo"), ("envs", "appo.envs")):
         for path in (ROOT / folder).rglob("*.py"):
             module = ".".join((package, *path.relative_to(ROOT / folder).with_suffix("").parts))
-            edges += [(module, node.module) for node in ast.walk(ast.parse(path.read_text()))
-                      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("appo.")]
-    return edges
+            trees.append((module, ast.parse(path.read_text())))
+    return trees
+
+
+def appo_imports() -> list[tuple[str, str]]:
+    """(importing module, imported module) for every import of appo in appo/ and envs/: the lazy ones inside functions
+    too (ast.walk visits every statement), which is how a role's class is loaded (appo/run/roles.py)."""
+    return [(module, target) for module, tree in source_trees() for node in ast.walk(tree)
+            for target in imported_modules(node)]
+
+
+def test_no_relative_imports():
+    """Every import names its module in full, so that the edges above (and grep) see it."""
+    relative = [module for module, tree in source_trees()
+                if any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))]
+    assert relative == []
+
+
+def test_every_role_class_is_an_import_edge():
+    """A role's class is loaded by a plain (lazy) import that the layering checks see, not by a name in a string."""
+    from appo.run import roles
+    from appo.workers.roles import WorkerRole
+
+    edges = set(appo_imports())
+    for role in (value for value in vars(roles).values() if isinstance(value, roles.Role)):
+        cls = role.load()
+        assert issubclass(cls, WorkerRole), role.name
+        assert ("appo.run.roles", cls.__module__) in edges, role.name
 
 
 def test_no_import_runs_back_up():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from appo.config.cfg import BUILT_IN_ENCODERS, build_parser, resolve
+from appo.config.cfg import build_parser, resolve
+from appo.config.encoders import AUTO, BUILT_IN_ENCODERS
 from appo.config.hyperparams import Hyperparams
 from appo.learning.model import ENCODERS, ActionDistribution, ActorCritic, ImpalaResnet, NatureCnn
 from appo.learning.ppo import forward_trajectories, minibatch_loss
@@ -97,11 +98,9 @@ def test_the_state_a_model_keeps_is_the_state_the_buffers_hold(use_rnn, rnn_type
 
 def test_every_built_in_encoder_name_is_the_models():
     """--encoder is checked against the config's names without torch; the model builds exactly those."""
-    assert set(BUILT_IN_ENCODERS) - {"auto"} <= set(ENCODERS)
-    built_in = {name for name, factory in ENCODERS.items() if factory.__module__ == "appo.learning.model"}
-    assert built_in == set(BUILT_IN_ENCODERS) - {"auto"}
+    assert set(ENCODERS) == set(BUILT_IN_ENCODERS)
     space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)  # big enough for every image encoder
-    for name in BUILT_IN_ENCODERS:
+    for name in (AUTO, *BUILT_IN_ENCODERS):
         model = ActorCritic(space, gym.spaces.Discrete(2), make_cfg(encoder=name))
         assert model.forward_step(random_obs(space, 2), torch.zeros(2, 1))[1].shape == (2,)
 

@@ -161,6 +161,6 @@ def test_more_ranks_than_gpus_is_refused_in_one_line(monkeypatch):
                       device="cuda")
     with pytest.raises(ConfigError, match=r"^--learner_processes_per_policy=2: each rank on CUDA needs a GPU of its "
                                           r"own and 1 are visible; use at most 1, or --device=cpu$"):
-        preflight.check_learner_ranks(cfg)
-    preflight.check_learner_ranks(make_config(env="CartPole-v1", learner_processes_per_policy=2,
+        preflight.check_rank_gpus_and_ports(cfg)
+    preflight.check_rank_gpus_and_ports(make_config(env="CartPole-v1", learner_processes_per_policy=2,
                                               learner_master_port=free_port(), device="cpu"))

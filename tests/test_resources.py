@@ -19,6 +19,7 @@ from faster_fifo import Empty
 
 from appo.memory.segments import check_room
 from appo.messages import WorkerFailed, WorkerReady
+from appo.run.roles import Role, nothing_to_lower
 from appo.run.supervisor import EARLY_DEATH_S, Supervisor, signal_cause
 from appo.utils.queues import make_queue
 from appo.utils.resources import (
@@ -29,7 +30,6 @@ from appo.utils.resources import (
     oom_kills,
     write_failure,
 )
-from appo.workers.roles import Role, nothing_to_lower
 from tests.conftest import REPO
 
 
@@ -131,7 +131,7 @@ class DiesBySigbus:
 def test_a_worker_that_dies_the_same_way_twice_at_start_stops_the_run():
     report_queue = make_queue()
     supervisor = Supervisor(report_queue, max_restarts=10)
-    role = Role("actor", "tests.test_resources:DiesBySigbus", nothing_to_lower)
+    role = Role("actor", lambda: DiesBySigbus, nothing_to_lower)
     supervisor.add("actor_0", role, lambda: (report_queue, "actor_0"), inbox=make_queue())
 
     def drain() -> None:

@@ -25,10 +25,11 @@ import psutil
 import pytest
 
 from appo.config.cfg import ConfigError, make_config, parse_config
-from appo.config.checks import wandb_tags
+from appo.config.checks import TRACKERS, wandb_tags
 from appo.tracking import KILLED, Recorder, Writer, open_recorder, run_status
 from appo.tracking.background import Background
 from appo.tracking.local import JsonlWriter, TensorboardWriter
+from appo.tracking.recorder import WRITERS
 from appo.tracking.wandb_writer import wandb_mode
 from tests.conftest import REPO, wait_for
 
@@ -304,6 +305,11 @@ def test_tracker_flags():
         parse_config(["--env=CartPole-v1", "--wandb_mode=sometimes"])
     assert [run_status(True, False), run_status(False, True), run_status(False, False)] == [
         "FINISHED", "FAILED", "KILLED"]
+
+
+def test_every_tracker_of_the_flags_has_a_writer():
+    """The trackers are named once (checks.TRACKERS, torch-free); the recorder only says which class writes each."""
+    assert set(WRITERS) == set(TRACKERS)
 
 
 def test_wandb_mode_auto_is_online_only_with_a_key(offline, monkeypatch, tmp_path):

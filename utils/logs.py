@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 _FORMAT = "[%(asctime)s][%(processName)s] %(message)s"
 
@@ -23,6 +25,25 @@ def setup_logging(log_path: str | None = None) -> logging.Logger:
         file_handler.setFormatter(formatter)
         logger.addHandler(file_handler)
     return logger
+
+
+@contextlib.contextmanager
+def logger_restored() -> Iterator[None]:
+    """Put the 'appo' logger back as it was (handlers, propagation, level) when the block ends, and close the handlers
+    the block added: a run in the caller's process (`appo.train()`) sets the logger up for its terminal and log file
+    (`setup_logging`), which would otherwise keep the log file open and hide the caller's records from the root
+    logger's handlers (a notebook's, pytest's caplog) after it returned."""
+    logger = logging.getLogger("appo")
+    handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
+    try:
+        yield
+    finally:
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+        logger.setLevel(level)
 
 
 class LogFileHandler(logging.FileHandler):

@@ -1,6 +1,6 @@
 """Configuration: the flag table and the frozen `Config` (flags.py), parsing, resume and cfg.json (cfg.py), the
-checks (checks.py), the defaults chosen from the env (auto.py), each role's view (views.py), the hyper-parameters
-PBT may change (hyperparams.py) and the process graph's shape (topology.py).
+checks (checks.py), the names --encoder accepts (encoders.py), the defaults chosen from the env (auto.py), each role's
+view (views.py), the hyper-parameters PBT may change (hyperparams.py) and the process graph's shape (topology.py).
 
 Torch-free: the runner and the actor workers read it.
 """

@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from appo.config.checks import (
-    BUILT_IN_ENCODERS,
     ConfigError,
     check_batched_sampling,
     env_kwargs,
@@ -44,7 +43,7 @@ from appo.config.flags import (
 )
 from appo.utils.files import atomic_write_text
 
-__all__ = ["BUILT_IN_ENCODERS", "NO_BUDGET", "Config", "ConfigError", "OneLineParser", "build_parser", "env_kwargs",
+__all__ = ["NO_BUDGET", "Config", "ConfigError", "OneLineParser", "build_parser", "env_kwargs",
            "experiment_dir", "load_saved_cfg", "make_config", "merge_resumed", "parse_args", "parse_config",
            "parse_keywords", "resolve", "save_cfg", "saved_config", "str2bool", "validate", "validate_encoder"]
 

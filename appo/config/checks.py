@@ -13,12 +13,13 @@ import importlib.util
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from appo.config.encoders import AUTO, BUILT_IN_ENCODERS, REGISTERED
 from appo.config.flags import FLAG_NAMES, NO_BUDGET, spec, value_type
 
 
@@ -33,9 +34,6 @@ class MappingError(Exception):
 # A user mapping: (agents of the env, learning policies, random generator) -> a learning policy per agent.
 MappingFn = Callable[[int, int, np.random.Generator], Sequence[int]]
 
-
-# The encoders appo/learning/model.py builds in (`auto` picks one of them by the observation).
-BUILT_IN_ENCODERS = ("auto", "mlp", "nature_cnn", "small_cnn", "impala_resnet")
 
 KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
 
@@ -70,23 +68,41 @@ def check_ray_installed(cfg: Any) -> None:
         raise ConfigError('--backend=ray needs Ray, which is not installed: pip install -e ".[ray]"')
 
 
-# --with_<tracker> flags, the module each needs and the extra of pyproject.toml that installs it.
-TRACKER_PACKAGES = (("with_wandb", "wandb", "wandb"), ("with_mlflow", "mlflow", "mlflow"))
+@dataclass(frozen=True)
+class Tracker:
+    """A tracker the summaries can go to besides the local files, named once here for the torch-free check that its
+    library is installed and for appo/tracking/recorder.py, which keys each tracker's writer by it."""
+
+    flag: str  # the --with_<tracker> flag that turns it on
+    module: str  # the library it needs
+    extra: str  # the extra of pyproject.toml that installs it
+
+
+WANDB = Tracker("with_wandb", "wandb", "wandb")
+MLFLOW = Tracker("with_mlflow", "mlflow", "mlflow")
+TRACKERS = (WANDB, MLFLOW)
 WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
 
 
 def installed(module: str) -> bool:
     """Whether `module` can be found, without importing it (wandb and mlflow take seconds to import)."""
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module) is not None  # a look, not an import: no plain import can do that
     except (ImportError, ValueError):  # a finder that refuses it; a module set to None in sys.modules
         return False
 
 
+def trackers_on(cfg: Any) -> list[Tracker]:
+    """The trackers whose flag is on, in the order of TRACKERS (the flags are read here, in the config package, where
+    tests/test_config.py lets a flag's name be computed)."""
+    return [tracker for tracker in TRACKERS if getattr(cfg, tracker.flag)]
+
+
 def check_trackers_installed(cfg: Any) -> None:
-    for name, module, extra in TRACKER_PACKAGES:
-        if getattr(cfg, name) and not installed(module):
-            raise ConfigError(f'--{name} needs {module}, which is not installed: pip install -e ".[{extra}]"')
+    for tracker in trackers_on(cfg):
+        if not installed(tracker.module):
+            raise ConfigError(f"--{tracker.flag} needs {tracker.module}, which is not installed: "
+                              f'pip install -e ".[{tracker.extra}]"')
 
 
 def wandb_tags(cfg: Any) -> list[str]:
@@ -142,6 +158,8 @@ def check_lr_schedule(cfg: Any) -> None:
 
 
 def check_learner_ranks(cfg: Any) -> None:
+    """What the flags must be for several learner ranks, on their own; whether this machine has their GPUs and ports
+    is preflight.check_rank_gpus_and_ports, once the run is about to start."""
     ranks = cfg.learner_processes_per_policy
     if ranks > 1 and cfg.serial_mode:
         raise ConfigError(f"--learner_processes_per_policy={ranks}: each rank is a process of its own, which "
@@ -193,7 +211,7 @@ def load_mapping(mapping: str) -> MappingFn:
     if not module_name or not attribute:
         raise MappingError(f"--policy_mapping={mapping}: use the form package.module:function")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # importlib: the module is the user's --policy_mapping
     except ImportError as exc:
         raise MappingError(f"--policy_mapping={mapping}: cannot import {module_name!r} ({exc})") from exc
     function = getattr(module, attribute, None)
@@ -229,12 +247,11 @@ def env_kwargs(cfg: Any) -> dict[str, Any]:
 
 
 def validate_encoder(name: str) -> None:
-    """Without importing torch: built-in names, `module:factory`, or names registered by a launcher
-    (which imported appo.learning.model to call register_encoder)."""
-    registered = sys.modules["appo.learning.model"].ENCODERS if "appo.learning.model" in sys.modules else {}
-    if name in BUILT_IN_ENCODERS or name in registered or ":" in name:
+    """Without importing torch (appo/config/encoders.py): built-in names, `module:factory`, or names registered by a
+    launcher."""
+    if name == AUTO or name in BUILT_IN_ENCODERS or name in REGISTERED or ":" in name:
         return
-    raise ConfigError(f"--encoder={name}: unknown; use {', '.join(BUILT_IN_ENCODERS)}, a name registered with "
+    raise ConfigError(f"--encoder={name}: unknown; use {', '.join((AUTO, *BUILT_IN_ENCODERS))}, a name registered with "
                       "appo.learning.model.register_encoder, or package.module:factory")
 
 

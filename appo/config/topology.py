@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from appo.config.views import ActorConfig, InferenceConfig, LearnerConfig, RunnerConfig
 
 
+def group_port(cfg: Config, policy_id: int) -> int:
+    """The port where policy `policy_id`'s learner ranks meet (--learner_processes_per_policy > 1): one per policy from
+    --learner_master_port, so that the learner ranks (appo/learning/ranks.py) and the check that it is free
+    (appo/preflight.py) count them alike."""
+    return cfg.learner_master_port + policy_id
+
+
 def num_acting_ids(cfg: Config) -> int:
     """Learning policies plus their snapshots."""
     return cfg.num_policies * (1 + cfg.self_play_opponents)

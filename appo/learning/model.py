@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from appo.config.encoders import AUTO, IMPALA_RESNET, MLP, NATURE_CNN, REGISTERED, SMALL_CNN
 from appo.memory.buffers import rnn_size
 from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
 
@@ -257,27 +258,28 @@ class ImpalaResnet(_ConvEncoder):
         super().__init__(space, nn.Sequential(*stages, nn.ReLU()), 256)
 
 
-# The built-in names are appo.config.cfg.BUILT_IN_ENCODERS (which --encoder is checked against without torch) less
-# "auto"; tests/test_model.py checks that the two lists agree.
+# The built-in encoders by their names, which appo/config/encoders.py keeps torch-free for the checks of --encoder.
 ENCODERS: dict[str, Callable[[gym.spaces.Box, object], nn.Module]] = {
-    "mlp": MlpEncoder, "nature_cnn": NatureCnn, "small_cnn": SmallCnn, "impala_resnet": ImpalaResnet,
+    MLP: MlpEncoder, NATURE_CNN: NatureCnn, SMALL_CNN: SmallCnn, IMPALA_RESNET: ImpalaResnet,
 }
 
 
 def register_encoder(name: str, factory: Callable[[gym.spaces.Box, object], nn.Module]) -> None:
-    """Make `--encoder=name` build `factory(space, cfg)` for every observation key."""
-    ENCODERS[name] = factory
+    """Make `--encoder=name` build `factory(space, cfg)` for every observation key. The name is kept with the other
+    encoder names (appo/config/encoders.REGISTERED), where the runner checks --encoder without torch."""
+    REGISTERED[name] = factory
 
 
 def encoder_factory(name: str, space: gym.spaces.Box) -> Callable[[gym.spaces.Box, object], nn.Module]:
-    if name == "auto":
-        return ENCODERS[auto_encoder(space)[0]]
-    if name in ENCODERS:
-        return ENCODERS[name]
+    encoders = ENCODERS | REGISTERED  # a registered name replaces a built-in one of the same name
+    if name == AUTO:
+        return encoders[auto_encoder(space)[0]]
+    if name in encoders:
+        return encoders[name]
     if ":" in name:
         module, attribute = name.split(":", 1)
-        return getattr(importlib.import_module(module), attribute)
-    raise ValueError(f"--encoder={name}: unknown; use auto, {', '.join(ENCODERS)} or package.module:factory")
+        return getattr(importlib.import_module(module), attribute)  # importlib: the user's --encoder=module:factory
+    raise ValueError(f"--encoder={name}: unknown; use {AUTO}, {', '.join(encoders)} or package.module:factory")
 
 
 class RunningNorm(nn.Module):

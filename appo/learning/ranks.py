@@ -11,9 +11,9 @@ them, and says whether another pass runs) is cut into N shares of trajectories; 
 weighted by the share's part of the minibatch, and the gradients are summed over the ranks, so every rank takes the
 step one process would take over the whole minibatch (tests/test_ranks.py).
 
-The group of policy p meets at --learner_master_addr : --learner_master_port + p. A collective waits at most
-GROUP_TIMEOUT_S; an idle rank 0 says so every HEARTBEAT_S, so only a lost or stuck rank makes one time out. A rank
-that dies or times out takes the group down: the supervisor restarts every rank of the policy
+The group of policy p meets at --learner_master_addr, port topology.group_port (--learner_master_port + p). A
+collective waits at most GROUP_TIMEOUT_S; an idle rank 0 says so every HEARTBEAT_S, so only a lost or stuck rank makes
+one time out. A rank that dies or times out takes the group down: the supervisor restarts every rank of the policy
 (appo/run/supervisor.py), and the new rank 0 continues from the weights published last, as after a learner's death.
 """
 
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from appo.config.topology import group_port
 from appo.learning.policy import Policy
 from appo.utils.logs import log
 
@@ -50,10 +51,6 @@ class Order:
     env_steps: int = 0
     hyperparams: dict[str, float] = field(default_factory=dict)
     state: bytes | None = None  # Policy.state_dict(), serialised
-
-
-def group_port(cfg: Any, policy_id: int) -> int:
-    return cfg.learner_master_port + policy_id
 
 
 def rank_device(device: torch.device, rank: int, size: int) -> torch.device:

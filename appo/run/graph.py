@@ -1,5 +1,5 @@
 """The process graph of a run, on one screen: what shared memory and queues exist, which workers start (of which
-role, appo/workers/roles.py), with which arguments, and which queue each reads.
+role, appo/run/roles.py), with which arguments, and which queue each reads.
 
     actor_w  --request counters-->  inference (shard, index)  --answer counters + WAKE-->  actor_w
     actor_w  --slot_owed + SlotHint-->  learner_p  --weights segment + version-->  inference, evaluator
@@ -20,10 +20,10 @@ from appo.envs import EnvInfo
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.memory.control import SharedControl
 from appo.memory.segments import weights_segment_name
+from appo.run.roles import ACTOR, CLUSTER, EVALUATOR, INFERENCE, LEARNER, LEARNER_RANK
 from appo.sampling.sampler_group import SamplerGroup, sampler_queues
 from appo.utils.queues import make_queue
 from appo.workers.context import Queues, WorkerContext
-from appo.workers.roles import ACTOR, CLUSTER, EVALUATOR, INFERENCE, LEARNER, LEARNER_RANK
 
 # 1 MB holds many seconds of reports (the runner drains it every 50 ms). A bigger ring only makes each worker's
 # resident memory creep up for longer: RSS counts the shared pages a process has touched, and a ring's messages
@@ -51,7 +51,7 @@ def build_context(cfg, env: EnvInfo, exp_dir: str, run_token: str) -> WorkerCont
 
 def start_workers(ctx: WorkerContext, env: EnvInfo, supervisor, hyperparams: Callable[[int], dict | None],
                   report_iterations: bool) -> SamplerGroup | None:
-    """Start every worker of the run (their roles: appo/workers/roles.py); returns the sampler group (None when the
+    """Start every worker of the run (their roles: appo/run/roles.py); returns the sampler group (None when the
     Ray cluster samples).
 
     `hyperparams(p)` gives policy p's current PBT hyper-parameters at each (re)start of its learner."""

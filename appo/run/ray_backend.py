@@ -59,13 +59,14 @@ from appo.memory.segments import (
 from appo.memory.slots import hand_over_slots, release_slots
 from appo.messages import ActorReport, ClusterReport, InferenceReport, WorkerFailed, WorkerReady
 from appo.run.graph import start_sampler
+from appo.run.roles import ACTOR
 from appo.run.supervisor import Supervisor
 from appo.sampling.sampler_group import sampler_queues
 from appo.utils.logs import log
 from appo.utils.process import FatalError, init_worker
 from appo.utils.queues import make_queue
 from appo.workers.context import Queues, WorkerContext
-from appo.workers.roles import ACTOR, WorkerRole
+from appo.workers.roles import WorkerRole
 
 PULL_WAIT_S = 0.02  # a pull with nothing owed waits this long for a trajectory before it returns empty
 NODE_STOP_S = 4.0  # how long the head waits for the groups to stop their processes

@@ -3,7 +3,7 @@
 For a debugger (a breakpoint in an env or a model stops the whole run at that line) and for tests that drive a
 run without processes. `SerialSupervisor` has the supervisor's interface (appo/run/supervisor.py), so the process
 graph is built by the same code (appo/run/graph.py); instead of forking it builds each worker's object (its role's
-class, appo/workers/roles.py), whose `step(0.0)` does one round of that role's work without blocking. There are no
+class, appo/run/roles.py), whose `step(0.0)` does one round of that role's work without blocking. There are no
 deaths to replace: an exception propagates with its traceback and ends the run. The main process imports torch in
 this mode (it runs inference and the learner).
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from appo.workers.roles import Role, WorkerRole
+from appo.run.roles import Role
+from appo.workers.roles import WorkerRole
 
 
 class SerialSupervisor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from appo.workers.roles import ACTOR, CLUSTER
+from appo.run.roles import ACTOR, CLUSTER
 
 
 @dataclass

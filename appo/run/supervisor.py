@@ -1,7 +1,7 @@
 """Process lifecycle: start the workers, notice the ones that die, replace them, stop them all.
 
 What a worker does is its role's business (actor_worker, inference_worker, learner); the supervisor only
-knows how to start each one (its role, appo/workers/roles.py, and a callable giving its current arguments, so a
+knows how to start each one (its role, appo/run/roles.py, and a callable giving its current arguments, so a
 replacement gets, say, a PBT policy's current hyper-parameters) and what each process last said about
 itself (ready, a crash traceback, a fatal error). A death is described once, with its cause; the runner
 decides what to do with it.
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appo.messages import WorkerFailed
+from appo.run.roles import Role
 from appo.utils.logs import log
 from appo.utils.process import EXIT_FATAL, FatalError, die_with_parent
 from appo.utils.queues import forget_waiters, release_if_held_by
 from appo.utils.resources import mb, memory_limit_bytes, oom_kills, shm_room
-from appo.workers.roles import Role
 
 RESTART_WINDOW_S = 3600.0  # --max_worker_restarts counts the restarts of one worker within this window
 # A worker that dies this soon after its start, twice in a row with the same cause, would die so again: the run

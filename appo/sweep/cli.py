@@ -22,7 +22,7 @@ from appo.config.cfg import NO_BUDGET, Config, ConfigError, OneLineParser, env_k
 from appo.envs import EnvError, env_info
 from appo.sweep.objectives import OBJECTIVES, Objective
 from appo.sweep.space import PRUNERS, SAMPLERS, Sweep, load_sweep, trainer_config
-from appo.utils.logs import log, setup_logging
+from appo.utils.logs import log, logger_restored, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
 
 DEFAULTS = {"objective": "final_reward", "sampler": "tpe", "pruner": "median", "trials": 20}
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if missing:
             raise ConfigError(f"sweeps need {' and '.join(missing)}: pip install -e \".[sweep]\"")
-        return sweep(build_parser().parse_args(ours), extra)
+        with logger_restored():  # a caller in-process (a notebook, the tests) keeps its logging
+            return sweep(build_parser().parse_args(ours), extra)
     except (ConfigError, EnvError) as exc:
         print(f"appo.sweep: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

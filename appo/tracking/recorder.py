@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any
 
-from appo.config.checks import TRACKER_PACKAGES, installed
+from appo.config.checks import MLFLOW, WANDB, Tracker, installed, trackers_on
 from appo.config.flags import Config
 from appo.tracking.background import Background
 from appo.tracking.event_file import tensorboard_tag
@@ -17,7 +17,7 @@ from appo.tracking.writer import Writer
 from appo.utils.logs import log
 
 CLOSE_SECONDS = 30.0  # what the trackers get to send their last records at the end of a run
-TRACKERS = {"with_wandb": WandbWriter, "with_mlflow": MlflowWriter}  # by the flag that turns each on
+WRITERS: dict[Tracker, type[Writer]] = {WANDB: WandbWriter, MLFLOW: MlflowWriter}  # each tracker's (checks.TRACKERS)
 
 
 class Recorder:
@@ -85,10 +85,7 @@ def open_recorder(cfg: Config, exp_dir: str, run_config: dict[str, Any]) -> Reco
     writers: list[Writer] = [TensorboardWriter(exp_dir)]
     if cfg.with_jsonl:
         writers.append(JsonlWriter(exp_dir))
-    if cfg.with_wandb:
-        writers.append(Background(WandbWriter, cfg, exp_dir, run_config))
-    if cfg.with_mlflow:
-        writers.append(Background(MlflowWriter, cfg, exp_dir, run_config))
+    writers += [Background(WRITERS[tracker], cfg, exp_dir, run_config) for tracker in trackers_on(cfg)]
     return Recorder(writers)
 
 
@@ -97,13 +94,12 @@ def send_file(cfg: Config, exp_dir: str, path: str, folder: str) -> None:
     saved flags (`cfg`) turned on; each failure (a tracker no longer installed too) is one line, and the caller goes
     on either way."""
     writers: list[Writer] = []
-    for flag, module, extra in TRACKER_PACKAGES:
-        if not getattr(cfg, flag):
-            continue
-        if installed(module):
-            writers.append(Background(TRACKERS[flag], cfg, exp_dir, None))
+    for tracker in trackers_on(cfg):
+        if installed(tracker.module):
+            writers.append(Background(WRITERS[tracker], cfg, exp_dir, None))
         else:
-            log.error('%s: %s is not installed (pip install -e ".[%s]")', TRACKERS[flag].stops, module, extra)
+            log.error('%s: %s is not installed (pip install -e ".[%s]")', WRITERS[tracker].stops, tracker.module,
+                      tracker.extra)
     recorder = Recorder(writers)
     recorder.start()
     recorder.artifact(path, folder)

@@ -1,20 +1,11 @@
-"""Every role a worker process can have, in one table (at the end): the class that runs it, and what the supervisor
-cleans up after one of its workers dies. appo/run/graph.py says which workers of each role a run starts.
-
-A role's class is named ("module:Class"), not imported here: the learner, the evaluator and inference import
-torch, and the runner, which forks every worker, must not (tests/test_layout.py, tests/test_train.py). `Role.load`
-imports it where the role runs: in the worker's own process (appo/run/supervisor.start_component), or in the
-runner with --serial_mode (appo/run/serial.py).
+"""What every role's class is: `WorkerRole`, the interface the actor, inference, learner, evaluator and Ray cluster
+classes share, so that the supervisor and --serial_mode run any of them the same way. The table of roles, which
+names those classes, is appo/run/roles.py: it sits above the layers whose classes it imports.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from appo.memory.control import SharedControl
-from appo.workers.context import WorkerContext
 
 
 class WorkerRole:
@@ -42,53 +33,3 @@ class WorkerRole:
 
     def close(self) -> None:
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class Role:
-    """One role: the prefix of its workers' names (restart counts are per role), its class, and what to clean up
-    after one of its workers died, before the replacement starts into the same shared memory."""
-
-    name: str
-    entry_point: str  # "package.module:Class": a WorkerRole whose main(*args) runs the process
-    # Called with the arguments the dead worker's `main` got: lowers the shared-memory flags it may have left raised.
-    after_death: Callable[..., None]
-
-    def load(self) -> type[WorkerRole]:
-        """The role's class (importing its module, torch with it for some roles)."""
-        module, _, name = self.entry_point.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-
-def lower_learner_flags(ctx: WorkerContext, policy_id: int, *_) -> None:
-    """A learner that died with minibatches waiting left its actors paused; its replacement starts with none."""
-    ctx.control.learners.pause_collection[policy_id] = 0
-
-
-def lower_inference_flags(ctx: WorkerContext, shard: int, index: int) -> None:
-    """An inference worker that died asleep left itself marked idle: actors must stop sending wake-ups to a queue
-    nobody reads."""
-    ctx.control.inference.idle[shard, index] = 0
-
-
-def lower_actor_flags(ctx: WorkerContext, worker: int) -> None:
-    """An actor that died waiting for free slots, or inside an env call, left that marked (the stall report and the
-    hang check read both)."""
-    ctx.control.actors.waiting[worker] = 0
-    ctx.control.actors.call[worker] = 0
-
-
-def nothing_to_lower(*_) -> None:
-    """The evaluator, a learner rank above 0 and the cluster process raise no flag that another process waits on."""
-
-
-# The roles. After `ctx`, each class's main(ctx, ...) takes: the learner its policy, its PBT hyper-parameters and
-# whether to report iterations; a learner rank (--learner_processes_per_policy > 1) its policy and rank; the evaluator
-# the agents per env; inference its shard and index; an actor its number; the cluster process the env. Which workers
-# of each a run starts: appo/run/graph.py.
-LEARNER = Role("learner", "appo.learning.learner:Learner", lower_learner_flags)
-LEARNER_RANK = Role("learner_rank", "appo.learning.learner_rank:LearnerRank", nothing_to_lower)
-EVALUATOR = Role("evaluator", "appo.learning.evaluator:Evaluator", nothing_to_lower)
-INFERENCE = Role("inference", "appo.sampling.inference_worker:InferenceWorker", lower_inference_flags)
-ACTOR = Role("actor", "appo.sampling.actor_worker:ActorWorker", lower_actor_flags)
-CLUSTER = Role("cluster", "appo.run.ray_backend:Cluster", nothing_to_lower)
