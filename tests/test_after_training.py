@@ -96,7 +96,6 @@ def test_load_policy_errors_name_the_path(tmp_path):
 
 
 # ---------------------------------------------------------------- enjoy
-@pytest.mark.slow
 def test_enjoy_plays_and_writes_a_video(tmp_path):
     import imageio_ffmpeg
 
@@ -187,7 +186,6 @@ def test_an_untrained_policy_acts_at_the_box_centre_in_torch_and_in_exports(tmp_
     assert np.allclose(traced(torch.from_numpy(obs))[0][:, :3].detach().numpy(), means, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_export_command(tmp_path):
     make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
     out = run_module("appo.export", f"--train_dir={tmp_path}", "--experiment=cartpole", "--format=onnx")
@@ -290,7 +288,6 @@ def write_run(train_dir, name: str, rewards: list[float]) -> str:
     return run_dir
 
 
-@pytest.mark.slow
 def test_plot_groups_seeds_into_mean_and_range(tmp_path):
     from appo.tools.plot import group_runs, mean_and_range, read_curve
 

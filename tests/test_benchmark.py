@@ -139,3 +139,32 @@ def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):
     reports.close()
     assert summary["env_steps"] == 500
     assert summary["env_steps_per_s"] == pytest.approx(1000)
+
+
+@pytest.mark.timeout(60)
+def test_the_raw_limit_counts_what_plain_processes_step():
+    """Two processes of 2 envs stepping 1 ms each: at most 2 x 1,000 env steps/s, and well above none."""
+    from appo.tools.raw_limit import raw_limit
+
+    fps = raw_limit("sleep_env", num_processes=2, num_envs=2, seconds=0.5, env_kwargs={"step_seconds": 0.001})
+    assert 200 < fps <= 2_000
+
+
+def test_the_cnn_benchmark_builds_a_minibatch_of_whole_trajectories():
+    """scripts/bench_cnn.py's minibatch: --rollout steps per trajectory, actions the model can score, and a time per
+    call that counts calls."""
+    import gymnasium as gym
+    import torch
+
+    from appo.learning.model import ActorCritic
+    from appo.learning.precision import minibatch, seconds_per_call
+
+    cfg = parse_config(["--env=CartPole-v1", "--rollout=8", "--device=cpu"])
+    obs_space, action_space = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
+    model = ActorCritic(obs_space, action_space, cfg)
+    mb, advantages, targets = minibatch(model, obs_space, samples=32, cfg=cfg)
+    assert mb["obs"]["obs"].shape == (4, 9, 4) and mb["actions"].shape == (4, 8)
+    assert advantages.shape == targets.shape == (4, 8)
+    assert torch.isfinite(mb["log_probs"]).all() and set(mb["actions"].unique().tolist()) <= {0, 1}
+    calls = []
+    assert seconds_per_call(lambda: calls.append(1), min_seconds=0.0, min_calls=3) >= 0 and len(calls) == 3
