@@ -561,8 +561,11 @@ def seed_count(result: dict) -> int:
 
 
 def run_label(result: dict) -> str:
-    defaults = f"defaults before {result['defaults_before']}" if "defaults_before" in result else "defaults"
-    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"]) or defaults
+    """The row's run: its extra flags or "defaults", and "defaults before COMMIT" for a cell set apart, an A/B arm's
+    too (its flags were measured against defaults that have since changed)."""
+    before = f"defaults before {result['defaults_before']}" if "defaults_before" in result else None
+    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"])
+    flags = ", ".join(filter(None, [flags, before])) or "defaults"
     if result["steps_scale"] != 1:
         flags += f", **quick look: {result['steps_scale']:g} of the budget** ({result['budget']:,} env steps)"
     return flags
@@ -616,11 +619,13 @@ def section(table: str, found: list[dict], png: str | None) -> str:
     for result in found:
         if "note" in result:
             noted.setdefault((result["note"], result["machine"]), []).append(result["task"])
-    text += [f"- {', '.join(tasks)} on {machine_name}: {note}." for (note, machine_name), tasks in noted.items()]
+    text += [f"- {', '.join(dict.fromkeys(tasks))} on {machine_name}: {note}."  # a task's seeds share their note
+             for (note, machine_name), tasks in noted.items()]
     for commit in sorted({r["defaults_before"] for r in found if "defaults_before" in r}):
         tasks = sorted({r["task"] for r in found if r.get("defaults_before") == commit})
         text.append(f"- *defaults before {commit}*: {', '.join(tasks)} at the defaults of an earlier commit; at "
-                    f"{commit} the defaults of these tasks changed (set apart with `--retire_defaults`).")
+                    f"{commit} the defaults of these tasks changed (set apart with `--retire_defaults`, an A/B "
+                    "arm's cells by hand, with a note).")
     short = [r for r in found if (r["final_episodes"] or 0) < STATS_AVG]
     if short:
         text.append("- †: fewer than 100 episodes in a seed's final mean (a short run, or one resumed by a trainer "

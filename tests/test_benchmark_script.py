@@ -148,6 +148,8 @@ def test_rows_pool_seeds_per_run_and_mark_short_windows():
         "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |"]
     assert "| Hopper | not run yet | - | - | - | - | - | - | 2,383 ± 272 | 2,410 ± 10 |" in lines
     assert "Walker2d seed 0: 40" in benchmark.section("mujoco-1m", found, None)
+    arm = {**record(0, 1.0, 1.0, extra=("--gamma=0.99",)), "defaults_before": "abc1234"}  # an A/B arm set apart
+    assert benchmark.run_label(arm) == "`--gamma=0.99`, defaults before abc1234"
 
 
 def test_a_task_with_a_target_stops_there_and_its_row_says_so(tmp_path):
