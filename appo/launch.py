@@ -189,9 +189,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
     auto_lines: list[str] = []
     if not resuming:
-        if auto.probes_random_play(cfg, info, given):
-            info = dataclasses.replace(info, random_play_terminates=random_play_terminates(cfg.env, env_kwargs(cfg)))
-        cfg, auto_lines = auto.apply(cfg, given, info)
+        cfg, info, auto_lines = _apply_auto(cfg, given, info)
     cfg = resolve(cfg, info.num_agents)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
@@ -216,6 +214,27 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
+
+
+def _apply_auto(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, EnvInfo, list[str]]:
+    """The auto rules at the start of a new experiment: the env's random play probed where a rule needs it, then the
+    rules applied (`auto.apply`); returns the config, the env's info with the probe's answer, and the "auto:" lines."""
+    if auto.probes_random_play(cfg, info, given):
+        info = dataclasses.replace(info, random_play_terminates=random_play_terminates(cfg.env, env_kwargs(cfg)))
+    cfg, lines = auto.apply(cfg, given, info)
+    return cfg, info, lines
+
+
+def new_experiment_defaults(argv: list[str]) -> tuple[Config, list[str]]:
+    """The config a new experiment of `python -m appo.train ARGV` would start with after the auto rules, and their
+    "auto:" lines, without starting it or touching its dir: scripts/benchmark.py compares it with the choices a
+    resumed run keeps in its cfg.json, so one run never mixes the defaults of two commits. The env is made and probed
+    as at start-up, but no step is timed, so the rules that follow a timing do not apply: the sampler's sizing
+    (--num_envs_per_worker, --actor_niceness: throughput, not learning) and fast batched sampling."""
+    cfg, given = parse_args(argv)
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=False)
+    cfg, _, lines = _apply_auto(cfg, given, info)
+    return cfg, lines
 
 
 def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:

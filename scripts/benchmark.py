@@ -6,7 +6,8 @@ numbers, filled cell by cell (task x seed) over as many sittings as it takes.
     python scripts/benchmark.py mujoco-1m --tasks Hopper --extra_flags "--gamma=0.99"    # the B arm of an A/B
     python scripts/benchmark.py mujoco-1m --tasks Hopper --seeds 1 --steps_scale 0.01  # a quick look, marked so
     python scripts/benchmark.py --report                        # rewrite the docs from the finished cells only
-    python scripts/benchmark.py mujoco-1m --tasks HalfCheetah --retire_defaults abc1234  # its defaults changed there
+    python scripts/benchmark.py mujoco-1m --tasks HalfCheetah --retire_defaults abc1234  # its defaults changed there:
+                                                                # its cells (finished or not) set apart as old rows
 
 A cell is `python -m appo.train --env=ENV --seed=S --train_for_env_steps=BUDGET --train_dir=TRAIN_DIR/TABLE
 --experiment=NAME` plus bookkeeping only (`--stats_avg=100`, a summaries interval that gives a few hundred curve
@@ -17,10 +18,23 @@ Resumable, so a table can be filled across days: a cell that finished keeps its 
 `<experiment>/benchmark_result.json` and is not run again; an interrupted one is resumed by running the same command
 again (the trainer resumes from its newest checkpoint and counts --train_for_env_steps over the whole run). Ctrl-C
 or SIGTERM stops the current cell (the trainer saves a checkpoint) and the script. Each sitting of a cell is a
-segment in `<experiment>/benchmark_segments.json`; the cell's wall time is the sum of its segments (from launching
-the trainer to its exit, start-up included; a segment cut off by SIGKILL or a power loss ends at the last write of
-the run's log.txt). A table may give a task a target (atari-10m: Pong at 20, a game whose maximum is 21): its cells
-stop once the mean of the last 100 episodes reaches it, and the report marks them.
+segment in `<experiment>/benchmark_segments.json`, with the commit it ran and the auto choices in force (the flags
+of the "auto:" lines the trainer logged when the run started; appo/config/auto.py); the cell's wall time is the sum
+of its segments (from launching the trainer to its exit, start-up included; a segment cut off by SIGKILL or a power
+loss ends at the last write of the run's log.txt). A table may give a task a target (atari-10m: Pong at 20, a game
+whose maximum is 21): its cells stop once the mean of the last 100 episodes reaches it, and the report marks them.
+
+A run never mixes the defaults of two commits: a resumed run keeps the auto choices in its cfg.json, so before
+resuming a cell the script works out what today's rules choose for a new run of the same command (the env made and
+probed, nothing timed: `appo.launch.new_experiment_defaults`) and compares the values of every flag a rule set, then
+or now, with the run's cfg.json. Where one differs the cell is refused, not resumed, in one line (the cell, each
+flag's old and new value, what to do) and nothing of it is touched; the other cells run, and the script exits 1.
+`--retire_defaults COMMIT --tasks TASK` sets such a cell at the defaults apart (finished or not), or moving its
+experiment dir aside starts it over. The sampler's sizing (--num_envs_per_worker, --actor_niceness), which a
+start-up timing chooses, is left out: it changes throughput, not learning. The one rule where a timing sets learning
+values (fast batched sampling: sub-envs under 8 us a step) is not worked out either: it cannot apply to a table's
+task (the MuJoCo cells step gymnasium envs one by one, and their sub-envs take 24 us and more when batched; images,
+Atari's, are excluded from it).
 
 For each cell: the mean return of the last 100 training episodes at the budget (CleanRL's measure: the trainer's
 final status, whose mean is over the run's last `--stats_avg` episodes, a resumed session's included: the trainer
@@ -47,12 +61,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from appo.config.auto import cpu_has_bf16
+from appo.config.cfg import Config, saved_config
+from appo.launch import new_experiment_defaults
 from appo.learning.checkpoint import newest_checkpoints, parse_name
 from appo.run.reporting.formatting import duration, si
 from appo.run.result import read_result
@@ -147,7 +164,10 @@ PUBLISHED: dict[str, list[Published]] = {
 RESULT = "benchmark_result.json"  # a finished cell's numbers, in its experiment dir
 RESULTS = os.path.join(REPO, "docs", "benchmark_results")  # every finished cell's numbers and curve, kept in git
 CURVE_KEPT = 300  # points of a cell's learning curve kept with its numbers
-SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, commit
+SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, commit, auto choices in force
+# Auto choices a start-up timing makes: they size the sampler, not the learning (a resume across them mixes nothing)
+THROUGHPUT_FLAGS = frozenset({"num_envs_per_worker", "actor_niceness"})
+AUTO_FLAGS = re.compile(r"auto: ((?:--\w+=\S+ )+)\(")  # the flags of an "auto: --a=1 --b=2 (why)" line
 STATS_AVG = 100  # episodes in the final mean return (CleanRL-style "last 100 episodes")
 CURVE_POINTS = 500_000  # env steps per second of summaries interval: a few hundred points a run, 1 to 30 s apart
 OWN_FLAGS = ("--env", "--seed", "--train_for_env_steps", "--train_dir", "--experiment")
@@ -294,10 +314,11 @@ def at_defaults(result: dict) -> bool:
     return not result["extra_flags"] and result["steps_scale"] == 1 and "defaults_before" not in result
 
 
-def retire_defaults(train_dir: str, results_dir: str, table: str, envs: list[str], commit: str) -> int:
-    """The defaults of these tasks changed at `commit`: their cells at the defaults, kept and under train_dir, become
-    rows of their own ("defaults before <commit>"), and the new defaults' cells run under the same names. Returns
-    how many cells were set apart."""
+def retire_defaults(train_dir: str, results_dir: str, table: str, envs: list[str], commit: str) -> tuple[int, int]:
+    """The defaults of these tasks changed at `commit`: their cells at the defaults, kept and under train_dir
+    (finished or not: an unfinished one would resume at the old defaults, which its cfg.json keeps), are set apart
+    ("defaults before <commit>": finished ones become rows of their own), and the new defaults' cells run under the
+    same names. Returns how many kept cells and how many cells under train_dir were set apart."""
     retired = 0
     for path in sorted(glob.glob(os.path.join(results_dir, table, "*.json"))):
         result = read_json(path, None)
@@ -306,13 +327,17 @@ def retire_defaults(train_dir: str, results_dir: str, table: str, envs: list[str
             write_json(kept_path(results_dir, table, result["experiment"], result["machine"], commit), result)
             os.remove(path)
             retired += 1
-    for path in sorted(glob.glob(os.path.join(train_dir, table, "*", RESULT))):
-        result = read_json(path, None)
-        if result["env"] in envs and at_defaults(result):
-            write_json(path, {**result, "defaults_before": commit})
-            exp_dir = os.path.dirname(path)
-            os.rename(exp_dir, f"{exp_dir}~defaults-before-{commit}")
-    return retired
+    names = re.compile("|".join(re.escape(short_name(env)) for env in envs) + r"_\d+")  # a cell at the defaults
+    moved = 0
+    for exp_dir in sorted(glob.glob(os.path.join(train_dir, table, "*"))):
+        if not names.fullmatch(os.path.basename(exp_dir)):
+            continue
+        result = read_json(os.path.join(exp_dir, RESULT), None)
+        if result is not None:
+            write_json(os.path.join(exp_dir, RESULT), {**result, "defaults_before": commit})
+        os.rename(exp_dir, f"{exp_dir}~defaults-before-{commit}")
+        moved += 1
+    return retired, moved
 
 
 # ---------------------------------------------------------------- running cells
@@ -344,8 +369,61 @@ def close_cut_segment(segments: list[dict], exp_dir: str) -> None:
         segments[-1]["cut"] = True
 
 
+def auto_flags(lines: Iterable[str]) -> dict[str, str]:
+    """The flags "auto:" lines set (a trainer's log.txt, or `auto.apply`'s lines), with their values as written."""
+    chosen: dict[str, str] = {}
+    for line in lines:
+        match = AUTO_FLAGS.search(line)
+        if match:
+            chosen.update(token[2:].split("=", 1) for token in match.group(1).split())
+    return chosen
+
+
+def auto_in_force(exp_dir: str) -> dict[str, str]:
+    """The auto choices the cell's run started with: the "auto:" lines its trainer wrote to log.txt at the start of
+    the experiment (a resumed run writes none, it keeps the choices in its cfg.json)."""
+    try:
+        with open(os.path.join(exp_dir, "log.txt"), errors="replace") as f:
+            return auto_flags(f)
+    except FileNotFoundError:
+        return {}
+
+
+def changed_choices(saved: Config, chosen_then: dict[str, str], today: Config, chosen_now: dict[str, str]
+                    ) -> dict[str, tuple[Any, Any]]:
+    """{flag: (saved value, today's)} for each flag an auto rule set, when the run started (`chosen_then`) or by
+    today's rules (`chosen_now`), whose value in the run's cfg.json (`saved`) is not the one a new experiment gets
+    today. Values are compared, not rules: a rule that now gives the value an older rule gave changes nothing. The
+    sampler's sizing (THROUGHPUT_FLAGS) is left out: a timing sets it, and it changes throughput, not learning."""
+    names = sorted((chosen_then.keys() | chosen_now.keys()) - THROUGHPUT_FLAGS)
+    values = {name: (getattr(saved, name, None), getattr(today, name, None)) for name in names}
+    return {name: (then, now) for name, (then, now) in values.items() if then != now}
+
+
+def refusal(cell: Cell) -> str | None:
+    """Why the cell's run, started under other auto rules, must not be resumed (one line: the flags, their old and
+    new values, and what to do), or None. A resumed run keeps the choices in its cfg.json, so its row would show
+    a run at one commit's defaults as another's."""
+    today, lines = new_experiment_defaults(cell.flags())
+    changed = changed_choices(saved_config(os.path.join(cell.exp_dir, "cfg.json")), auto_in_force(cell.exp_dir),
+                              today, auto_flags(lines))
+    if not changed:
+        return None
+    flags = ", ".join(f"--{name}={then}, today {now}" for name, (then, now) in changed.items())
+    retire = (f"set it apart with `python scripts/benchmark.py {cell.table} --tasks {short_name(cell.env)} "
+              "--retire_defaults COMMIT` (COMMIT: the one that changed the rule), or " if not cell.variant else "")
+    return (f"{cell.table} {cell.name}: not resumed: it started at auto choices today's rules no longer make ({flags}) "
+            f"and a resumed run keeps them; {retire}move {cell.exp_dir} aside to start it over")
+
+
 def train(cell: Cell) -> str:
-    """One segment of the cell's training: 'done', 'stopped' (Ctrl-C, SIGTERM) or 'failed'."""
+    """One segment of the cell's training: 'done', 'stopped' (Ctrl-C, SIGTERM), 'failed', or 'refused' (a run
+    started at other auto choices than today's rules make: resumed, it would mix the two; nothing is touched)."""
+    if os.path.exists(os.path.join(cell.exp_dir, "cfg.json")):  # the trainer would resume it
+        refused = refusal(cell)
+        if refused:
+            print(refused, file=sys.stderr, flush=True)
+            return "refused"
     os.makedirs(cell.exp_dir, exist_ok=True)
     path = os.path.join(cell.exp_dir, SEGMENTS)
     segments = read_json(path, [])
@@ -359,6 +437,7 @@ def train(cell: Cell) -> str:
     run = run_trainer(cell.flags())
     segment["end"] = time.time()
     segment["returncode"] = run.returncode
+    segment["auto"] = auto_in_force(cell.exp_dir)  # the trainer's own, which a resumed run keeps
     write_json(path, [*segments, segment])
     if os.path.exists(os.path.join(cell.exp_dir, "done")):
         return "done"
@@ -405,7 +484,7 @@ def result_of(cell: Cell, evaluation: dict) -> dict:
 
 def run_cell(cell: Cell, eval_episodes: int, results_dir: str) -> str:
     """Finish the cell: 'kept' (finished before, here or in the results folder on this kind of machine), 'done',
-    'stopped' or 'failed'."""
+    'stopped', 'failed' or 'refused' (`train`)."""
     result_path = os.path.join(cell.exp_dir, RESULT)
     if os.path.exists(result_path):
         kept = keep(read_json(result_path, None), cell.exp_dir, results_dir)
@@ -482,8 +561,11 @@ def seed_count(result: dict) -> int:
 
 
 def run_label(result: dict) -> str:
-    defaults = f"defaults before {result['defaults_before']}" if "defaults_before" in result else "defaults"
-    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"]) or defaults
+    """The row's run: its extra flags or "defaults", and "defaults before COMMIT" for a cell set apart, an A/B arm's
+    too (its flags were measured against defaults that have since changed)."""
+    before = f"defaults before {result['defaults_before']}" if "defaults_before" in result else None
+    flags = " ".join(f"`{flag}`" for flag in result["extra_flags"])
+    flags = ", ".join(filter(None, [flags, before])) or "defaults"
     if result["steps_scale"] != 1:
         flags += f", **quick look: {result['steps_scale']:g} of the budget** ({result['budget']:,} env steps)"
     return flags
@@ -537,11 +619,13 @@ def section(table: str, found: list[dict], png: str | None) -> str:
     for result in found:
         if "note" in result:
             noted.setdefault((result["note"], result["machine"]), []).append(result["task"])
-    text += [f"- {', '.join(tasks)} on {machine_name}: {note}." for (note, machine_name), tasks in noted.items()]
+    text += [f"- {', '.join(dict.fromkeys(tasks))} on {machine_name}: {note}."  # a task's seeds share their note
+             for (note, machine_name), tasks in noted.items()]
     for commit in sorted({r["defaults_before"] for r in found if "defaults_before" in r}):
         tasks = sorted({r["task"] for r in found if r.get("defaults_before") == commit})
         text.append(f"- *defaults before {commit}*: {', '.join(tasks)} at the defaults of an earlier commit; at "
-                    f"{commit} the defaults of these tasks changed (set apart with `--retire_defaults`).")
+                    f"{commit} the defaults of these tasks changed (set apart with `--retire_defaults`, an A/B "
+                    "arm's cells by hand, with a note).")
     short = [r for r in found if (r["final_episodes"] or 0) < STATS_AVG]
     if short:
         text.append("- †: fewer than 100 episodes in a seed's final mean (a short run, or one resumed by a trainer "
@@ -659,9 +743,10 @@ def main() -> int:
         if args.tasks is None or extra or args.steps_scale != 1:
             parser.error("--retire_defaults: name the tasks whose defaults changed with --tasks, and no --extra_flags "
                          "or --steps_scale")
-        count = retire_defaults(args.train_dir, args.results, args.table, tasks, args.retire_defaults)
-        print(f"{args.table}: {count} kept cells at the defaults of {', '.join(map(short_name, tasks))} are now "
-              f"'defaults before {args.retire_defaults}'", flush=True)
+        kept, moved = retire_defaults(args.train_dir, args.results, args.table, tasks, args.retire_defaults)
+        print(f"{args.table}: {kept} kept cells and {moved} cells under {args.train_dir} (finished or not) at the "
+              f"defaults of {', '.join(map(short_name, tasks))} are now 'defaults before {args.retire_defaults}'",
+              flush=True)
         print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
         return 0
     Stop.install()
@@ -683,7 +768,7 @@ def main() -> int:
     if Stop.requested:
         print("stopped: run the same command again to resume", flush=True)
         return 130
-    return 1 if outcomes.get("failed") else 0
+    return 1 if outcomes.get("failed") or outcomes.get("refused") else 0
 
 
 if __name__ == "__main__":

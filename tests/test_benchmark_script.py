@@ -2,9 +2,11 @@
 trained checkpoint, resumed by the same command and finished (result file, Markdown row, curves), kept by a third
 run that starts no trainer, and reported again from the results folder alone once its train dir is gone; the
 report's rows (per run and kind of machine, pooled records, cells of defaults since changed) and a hard-cut
-segment's end from recorded results."""
+segment's end from recorded results; a cell whose run started at auto choices today's rules no longer make is not
+resumed, and `--retire_defaults` sets it apart, finished or not."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -15,11 +17,21 @@ import sys
 
 import pytest
 
+from appo.config import auto
+from appo.config.cfg import parse_args, save_cfg
+from appo.launch import new_experiment_defaults
 from tests.conftest import REPO, leaked_segments, processes_mentioning, shm_entries, wait_for
 from tests.test_reporting import module
 
 CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pth$")
 SCALE, BUDGET = 0.02, 20_000  # 1M env steps x 0.02: ten iterations of the trainer's Hopper defaults
+HOPPER_AUTO = {"exploration_loss_coeff": "0.0", "actor_critic_share_weights": "False"}  # today's rules' choices
+
+
+def learning(choices: dict[str, str]) -> dict[str, str]:
+    """Auto choices but the sampler's sizing, which a start-up timing makes (on a busy machine Hopper's step is
+    costly)."""
+    return {name: value for name, value in choices.items() if name not in module("benchmark").THROUGHPUT_FLAGS}
 
 
 def checkpoint_steps(exp_dir) -> list[int]:
@@ -67,6 +79,7 @@ def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
         result = json.loads(result_path.read_text())
         segments = result["segments"]
         assert [s["resumed_from_env_steps"] for s in segments] == [0, stopped_at]
+        assert [learning(s["auto"]) for s in segments] == [HOPPER_AUTO] * 2  # the choices in force, each sitting
         assert result["wall_s"] == pytest.approx(sum(s["end"] - s["start"] for s in segments), abs=0.1)
         assert result["budget"] == BUDGET and result["env_steps"] >= BUDGET
         assert result["stop_reason"] == f"reached --train_for_env_steps={BUDGET}"
@@ -135,6 +148,8 @@ def test_rows_pool_seeds_per_run_and_mark_short_windows():
         "AMD EPYC (AVX2), 2 CPUs | 2,288 ± 572 | 3,479 ± 822 |"]
     assert "| Hopper | not run yet | - | - | - | - | - | - | 2,383 ± 272 | 2,410 ± 10 |" in lines
     assert "Walker2d seed 0: 40" in benchmark.section("mujoco-1m", found, None)
+    arm = {**record(0, 1.0, 1.0, extra=("--gamma=0.99",)), "defaults_before": "abc1234"}  # an A/B arm set apart
+    assert benchmark.run_label(arm) == "`--gamma=0.99`, defaults before abc1234"
 
 
 def test_a_task_with_a_target_stops_there_and_its_row_says_so(tmp_path):
@@ -196,15 +211,20 @@ def test_cells_of_changed_defaults_are_set_apart_and_the_new_defaults_run_under_
         benchmark.write_json(os.path.join(cell.exp_dir, benchmark.RESULT), kept)
     hopper = {**record(0, 3000.0, 3100.0), "env": "Hopper-v5", "task": "Hopper", "experiment": "Hopper_0"}
     benchmark.keep(hopper, "no_dir", results)
+    unfinished = benchmark.Cell("mujoco-1m", "Walker2d-v5", 2, (), 1.0, runs).exp_dir  # resumed, it would mix them
+    os.makedirs(unfinished)
+    benchmark.write_json(os.path.join(unfinished, benchmark.SEGMENTS), [{"start": 1.0, "end": 2.0}])
 
-    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "def5678") == 2
+    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "def5678") == (2, 3)
     assert sorted(os.listdir(os.path.join(results, "mujoco-1m"))) == [
         "Hopper_0@amd-epyc-avx2-2-cpus.json", "Walker2d+gamma=0.99_0@amd-epyc-avx2-2-cpus.json",
         "Walker2d_0@amd-epyc-avx2-2-cpus~defaults-before-def5678.json",
         "Walker2d_1@amd-epyc-avx2-2-cpus~defaults-before-def5678.json"]
     assert sorted(os.listdir(os.path.join(runs, "mujoco-1m"))) == [
-        "Walker2d+gamma=0.99_0", "Walker2d_0~defaults-before-def5678", "Walker2d_1~defaults-before-def5678"]
-    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "9999999") == 0  # once only
+        "Walker2d+gamma=0.99_0", "Walker2d_0~defaults-before-def5678", "Walker2d_1~defaults-before-def5678",
+        "Walker2d_2~defaults-before-def5678"]
+    assert os.listdir(f"{unfinished}~defaults-before-def5678") == [benchmark.SEGMENTS]  # set apart, not lost
+    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "9999999") == (0, 0)  # once only
 
     # A new cell at the defaults is not taken for a kept one, and the old train dirs are not kept again as it.
     new = benchmark.Cell("mujoco-1m", "Walker2d-v5", 0, (), 1.0, runs)
@@ -240,3 +260,90 @@ def test_the_committed_page_is_what_the_kept_cells_give(tmp_path):
     page = benchmark.write_report(str(tmp_path / "no_runs"), benchmark.RESULTS, str(tmp_path / "out"))
     with open(page) as mine, open(os.path.join(REPO, "docs", "benchmarks.md")) as committed:
         assert mine.read() == committed.read()
+
+
+def test_choices_differ_by_the_values_in_force_of_the_flags_a_rule_set_then_or_now():
+    """Breakout's case: the run started where a rule chose bfloat16 from the CPU's flags; today's rules choose float32
+    (no flag), and the same image values. The sampler's sizing, chosen by a timing, is no difference."""
+    benchmark = module("benchmark")
+    log = ["[21:40:01][MainProcess] auto: encoder nature_cnn for observation 'obs' (84x84 images)",
+           "[21:40:01][MainProcess] auto: --ppo_epochs=1 --num_batches_per_iteration=1 --learning_rate=0.0005 "
+           "--gamma=0.99 --exploration_loss_coeff=0.01 (image observations: ...)",
+           "[21:40:01][MainProcess] auto: --learner_bf16=True --inference_bf16=True (image observations and a CPU "
+           "with native bfloat16 that learns and infers: ...)",
+           "[21:40:01][MainProcess] auto: --num_envs_per_worker=32 --actor_niceness=5 (1.20 ms per env step, ...)",
+           "[21:40:02][MainProcess] auto: this CPU computes bfloat16 natively: --learner_bf16=True and "
+           "--inference_bf16=True run the CNN in bfloat16 ...; float32 unless given"]  # a line naming flags it sets not
+    then = benchmark.auto_flags(log)
+    assert then == {"ppo_epochs": "1", "num_batches_per_iteration": "1", "learning_rate": "0.0005", "gamma": "0.99",
+                    "exploration_loss_coeff": "0.01", "learner_bf16": "True", "inference_bf16": "True",
+                    "num_envs_per_worker": "32", "actor_niceness": "5"}
+    today, lines = parse_args(["--env=envpool:Breakout-v5"])[0], [line.split("] ", 1)[1] for line in log[:2]]
+    today = dataclasses.replace(today, ppo_epochs=1, num_batches_per_iteration=1, learning_rate=0.0005, gamma=0.99,
+                                exploration_loss_coeff=0.01)
+    saved = dataclasses.replace(today, learner_bf16=True, inference_bf16=True, num_envs_per_worker=32, actor_niceness=5)
+    now = benchmark.auto_flags(lines)
+    assert benchmark.changed_choices(saved, then, today, now) == {"inference_bf16": (True, False),
+                                                                   "learner_bf16": (True, False)}
+    assert benchmark.changed_choices(today, then, today, now) == {}  # values, not rules: the same values mix nothing
+    newer = dataclasses.replace(today, learning_rate=0.0003)  # a rule of today's that changed a value
+    assert benchmark.changed_choices(today, then, newer, now) == {"learning_rate": (0.0005, 0.0003)}
+
+
+def test_a_cell_started_at_other_auto_choices_is_refused_whole_and_can_be_set_apart(tmp_path, capsys):
+    """A HalfCheetah cell started under 26035ee's rule (std 0.5; today's is 1/sqrt(6)): no trainer starts, nothing of
+    the cell changes, the one line says what to do; --retire_defaults sets the unfinished cell apart."""
+    benchmark = module("benchmark")
+    runs, results = str(tmp_path / "runs"), str(tmp_path / "results")
+    cell = benchmark.Cell("mujoco-1m", "HalfCheetah-v5", 0, (), 1.0, runs)
+    today, lines = new_experiment_defaults(cell.flags())
+    assert today.initial_stddev == 0.408 and "auto: --initial_stddev=0.408 (" in "\n".join(lines)
+    assert not os.path.exists(runs)  # worked out without touching the cell
+    os.makedirs(cell.exp_dir)
+    save_cfg(dataclasses.replace(today, initial_stddev=0.5), os.path.join(cell.exp_dir, "cfg.json"))
+    with open(os.path.join(cell.exp_dir, "log.txt"), "w") as f:
+        f.write("[04:40:00][MainProcess] auto: --exploration_loss_coeff=0.0 (continuous actions: ...)\n"
+                "[04:40:00][MainProcess] auto: --initial_stddev=0.5 (continuous actions on vectors, ...)\n")
+    segments = [{"start": 1.0, "end": 2.0, "commit": "26035ee", "auto": {"initial_stddev": "0.5"}}]
+    benchmark.write_json(os.path.join(cell.exp_dir, benchmark.SEGMENTS), segments)
+    before = {name: (tmp_path / "runs" / "mujoco-1m" / cell.name / name).read_bytes()
+              for name in os.listdir(cell.exp_dir)}
+
+    assert benchmark.run_cell(cell, 1, results) == "refused"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"mujoco-1m HalfCheetah_0: not resumed: it started at auto choices today's rules no longer make "
+                    f"(--initial_stddev=0.5, today 0.408) and a resumed run keeps them; set it apart with `python "
+                    f"scripts/benchmark.py mujoco-1m --tasks HalfCheetah --retire_defaults COMMIT` (COMMIT: the one "
+                    f"that changed the rule), or move {cell.exp_dir} aside to start it over")
+    assert {name: (tmp_path / "runs" / "mujoco-1m" / cell.name / name).read_bytes()
+            for name in os.listdir(cell.exp_dir)} == before
+
+    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["HalfCheetah-v5"], "66b3754") == (0, 1)
+    assert sorted(os.listdir(f"{cell.exp_dir}~defaults-before-66b3754")) == sorted(before)
+    assert not os.path.exists(cell.exp_dir)  # the new defaults' cell starts under the same name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_short_cell_is_not_resumed_once_the_rules_choose_otherwise(tmp_path, monkeypatch, capsys):
+    """A real first segment (a quick look at Hopper, a few seconds) records its trainer's choices; with today's
+    rules as they were the cell may resume; once a rule chooses another value (monkeypatched) it is refused, with
+    every file of the cell as it was."""
+    benchmark = module("benchmark")
+    cell = benchmark.Cell("mujoco-1m", "Hopper-v5", 0, (), 0.002, str(tmp_path / "runs"))
+    assert benchmark.train(cell) == "done"
+    (segment,) = benchmark.read_json(os.path.join(cell.exp_dir, benchmark.SEGMENTS), None)
+    assert learning(segment["auto"]) == HOPPER_AUTO and segment["commit"] == benchmark.commit()
+    os.remove(os.path.join(cell.exp_dir, "done"))  # as a cell stopped before its budget: the trainer would resume it
+    assert benchmark.refusal(cell) is None
+
+    monkeypatch.setattr(auto, "CONTINUOUS_LEARNING", {"exploration_loss_coeff": 0.001})
+    files = {path: path.read_bytes() for path in (tmp_path / "runs").rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert benchmark.run_cell(cell, 1, str(tmp_path / "results")) == "refused"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"mujoco-1m {cell.name}: not resumed: ") and "--retire_defaults" not in line  # a quick look
+    assert "(--exploration_loss_coeff=0.0, today 0.001)" in line and line.endswith(f"move {cell.exp_dir} aside to "
+                                                                                     "start it over")
+    assert {path: path.read_bytes() for path in (tmp_path / "runs").rglob("*") if path.is_file()} == files
+    assert processes_mentioning(str(tmp_path / "runs")) == []
