@@ -174,12 +174,13 @@ def test_corrupt_checkpoint_is_not_bad_input_but_stays_in_place_when_the_input_i
 
 
 def help_entries(text: str) -> dict[str, str]:
-    """--help's text per flag: from the line that names it (`  --flag FLAG, --alias FLAG`) to the next flag's."""
+    """--help's text per flag: from the line that names it (`  --flag FLAG, --alias FLAG`, or from Python 3.13
+    `  --flag, --alias FLAG`) to the next flag's."""
     entries: dict[str, str] = {}
     flag = None
     for line in text.splitlines():
         if line.startswith("  --"):
-            flag = line.split()[0]
+            flag = line.split()[0].rstrip(",")
             entries[flag] = ""
         elif not line.startswith("  ") or line.startswith("  -h"):
             flag = None
