@@ -48,6 +48,7 @@ from appo.memory.buffers import Layout
 from appo.population.pbt import load_population
 from appo.preflight import check_extension, check_machine, check_platform
 from appo.run.result import RunResult, result_path
+from appo.spaces import SpaceError, action_spec, obs_spaces
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log, logger_restored, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
@@ -186,6 +187,10 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not vectorised)
     if vectorised and not resuming:
         info = dataclasses.replace(info, step_seconds=sub_env_step_seconds(cfg.env, env_kwargs(cfg)))
+    try:
+        obs_spaces(info.obs_space), action_spec(info.action_space)
+    except SpaceError as exc:  # before the rules read the spaces
+        raise EnvError(f"--env={cfg.env}: {exc}") from exc
     # A resumed run keeps the choices saved in its cfg.json; the lines are logged once all else is valid.
     auto_lines: list[str] = []
     if not resuming:

@@ -107,10 +107,10 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
         return EnvPoolEnv(env_id[len(ENVPOOL_PREFIX):], **kwargs)
     make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
     if make_fn is not None:
-        return _as_gym_env(env_id, make_fn(**kwargs))
+        return with_vector_observations(_as_gym_env(env_id, make_fn(**kwargs)))
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; workers step millions of times.
-        return gym.make(env_id, disable_env_checker=True, **kwargs)
+        return with_vector_observations(gym.make(env_id, disable_env_checker=True, **kwargs))
     except gym.error.DependencyNotInstalled as exc:
         extra = next((name for name, families in EXTRAS.items() if env_id.split("/")[-1].startswith(families)), None)
         hint = f'pip install -e ".[{extra}]"' if extra else "install the package it names"
@@ -149,6 +149,27 @@ def whole_game_kwargs(env_id: str) -> dict[str, Any]:
     if is_envpool_name(env_id) and is_envpool_atari(env_id[len(ENVPOOL_PREFIX):]):
         return dict(ENVPOOL_ATARI_WHOLE_GAMES)
     return {}
+
+
+class OneHotObservation(gym.ObservationWrapper):
+    """A Discrete observation (Taxi's 500 states, FrozenLake's cells) as a one-hot float32 vector: the models take
+    vectors and images, and a state's index is no magnitude an MLP should read."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.n = int(env.observation_space.n)
+        self.start = int(env.observation_space.start)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.n,), dtype=np.float32)
+
+    def observation(self, observation: int) -> np.ndarray:
+        one_hot = np.zeros(self.n, dtype=np.float32)
+        one_hot[int(observation) - self.start] = 1.0
+        return one_hot
+
+
+def with_vector_observations(env: gym.Env) -> gym.Env:
+    """The env, with a Discrete observation given as a one-hot vector (OneHotObservation)."""
+    return OneHotObservation(env) if isinstance(env.observation_space, gym.spaces.Discrete) else env
 
 
 def _as_gym_env(env_id: str, env: Any) -> gym.Env:

@@ -80,6 +80,17 @@ def test_unknown_env_creates_nothing(tmp_path, env):
     assert not os.path.exists(tmp_path / "new")
 
 
+@pytest.mark.timeout(60)
+def test_an_observation_space_the_models_cannot_take_is_one_line_and_creates_nothing(tmp_path):
+    """Blackjack observes a Tuple of Discretes: no encoder takes it (a lone Discrete is one-hot encoded)."""
+    result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
+                             "--env=Blackjack-v1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--env=Blackjack-v1: unsupported observation space Tuple" in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "new")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,expected", [
