@@ -6,6 +6,7 @@ process of its own; the blame test runs two bare ranks under a real supervisor; 
 meet over gloo on the loopback.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -19,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from faster_fifo import Queue
+from faster_fifo import Empty, Queue
 
 from appo.config.cfg import make_config
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
@@ -27,7 +28,7 @@ from appo.learning.ppo import STATS
 from appo.memory.control import LearnerArrays
 from appo.memory.segments import unlink_segment
 from appo.messages import WorkerFailed, WorkerReady
-from appo.run.roles import Role, nothing_to_lower
+from appo.run.roles import Role
 from appo.run.supervisor import Supervisor
 from appo.utils.queues import make_queue
 from tests.conftest import REPO, LearnerRig, final_reward, wait_for
@@ -152,34 +153,49 @@ class GroupMember:
         time.sleep(3600)
 
 
+def received(queue: Queue, messages: list) -> list:
+    """`messages`, with what `queue` holds now added."""
+    with contextlib.suppress(Empty):
+        messages.extend(queue.get_many(timeout=0.1))
+    return messages
+
+
+def forget_port(cfg, learners: LearnerArrays, *_) -> None:
+    """A `GroupMember`'s clean-up after its death, as appo/run/roles.forget_group_port does a learner rank's."""
+    learners.group_port[0] = 0
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ready", [False, True])  # while the group starts; mid-run
 def test_a_killed_follower_is_blamed_not_the_rank_whose_collective_failed_and_the_group_restarts(ready):
     """Rank 0's barrier fails once the follower is gone. The follower's death is the cause: it is counted, rank 0's is
-    not, and neither stops the run, even before either was ready (a crash of its own before ready would)."""
+    not, and neither stops the run, even before either was ready (a crash of its own before ready would). The new
+    ranks meet on the new rank 0's port: the dead one's was cleared before either started."""
     cfg = make_config(env="CartPole-v1", learner_processes_per_policy=2)
     learners, joined, reports = LearnerArrays(1, 1), make_queue(), make_queue()
     supervisor = Supervisor(reports, max_restarts=3)
-    role = Role("learner", lambda: GroupMember, nothing_to_lower)
+    role = Role("learner", lambda: GroupMember, forget_port)
     for rank in (0, 1):
         supervisor.add(f"rank{rank}", role, lambda rank=rank: (cfg, learners, rank, joined, reports, ready),
                        inbox=None, group="g")
     try:
         got: list[int] = []
-        wait_for(lambda: got.extend(joined.get_many(timeout=0.1)) or len(got) == 2, 60, "both ranks in the group")
-        first = supervisor.workers["rank0"].process.pid
+        wait_for(lambda: len(received(joined, got)) == 2, 60, "both ranks in the group")
+        first, port = supervisor.workers["rank0"].process.pid, int(learners.group_port[0])
         os.kill(supervisor.workers["rank1"].process.pid, signal.SIGKILL)
         supervisor.workers["rank0"].process.join(30)
         messages = reports.get_many(timeout=5)
         for name in [m.name for m in messages if isinstance(m, WorkerReady)]:
             supervisor.on_ready(name)
         (failure,) = [m for m in messages if isinstance(m, WorkerFailed)]
-        assert failure.lost_peer and "Connection closed by peer" in failure.cause
+        assert failure.lost_peer and "rank 0: a barrier failed, another rank is gone or stuck" in failure.cause
         supervisor.on_failed(failure)
         assert [(d.worker.name, d.permanent) for d in supervisor.deaths()] == [("rank1", False), ("rank0", False)]
         assert supervisor.replace_dead([], lambda: None) is None
         assert supervisor.workers["rank0"].process.pid != first
         assert [w.total_restarts for w in supervisor.workers.values()] == [0, 1]
+        wait_for(lambda: len(received(joined, got)) == 4, 60, "the new group")
+        assert learners.group_port[0] not in (0, port)
     finally:
         for worker in supervisor.workers.values():
             worker.process.kill()

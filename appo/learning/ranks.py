@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,12 @@ def state_from_bytes(data: bytes, device: torch.device) -> dict:
     return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
 
 
+def first_sentence(error: str) -> str:
+    """The gist of a torch.distributed error: its first sentence, without gloo's [source:line] in front."""
+    line = re.sub(r"^\[[^\]]*\]\s*", "", error.strip().split("\n")[0])
+    return line.split(". ")[0]
+
+
 def weights_checksum(model: torch.nn.Module) -> float:
     """The float64 sum of every parameter and buffer (the normalisers' statistics): equal on ranks whose weights are."""
     return sum(float(value.double().sum()) for value in model.state_dict().values() if value.is_floating_point())
@@ -128,8 +135,7 @@ class RankGroup:
             yield
         except RuntimeError as exc:  # gloo, NCCL and the store raise RuntimeErrors (DistError among them)
             raise LostPeer(f"policy {self.policy_id} rank {self.rank}: {what} failed, another rank is gone or stuck "
-                           f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
-                           ) from exc
+                           f"({first_sentence(str(exc)) or type(exc).__name__})") from exc
 
     def leave(self) -> None:
         if dist.is_initialized():
