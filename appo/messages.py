@@ -131,6 +131,7 @@ class WorkerFailed:
     name: str
     cause: str  # the traceback, or a fatal error's one line
     fatal: bool  # a FatalError: the run stops instead of replacing the worker
+    lost_peer: bool = False  # a LostPeer: another member of its group died first, and is blamed
 
 
 # ---------------------------------------------------------------- inboxes

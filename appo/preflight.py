@@ -74,9 +74,10 @@ def check_device_visible(device: str) -> None:
 
 
 def check_rank_gpus_and_ports(cfg: Config) -> None:
-    """--learner_processes_per_policy > 1 on this machine: one GPU per rank on CUDA, and each policy's rendezvous port
-    free on this host (a port on another host is that host's business). What the flags must be for ranks, on their
-    own, is checks.check_learner_ranks."""
+    """--learner_processes_per_policy > 1 on this machine: one GPU per rank on CUDA, and with a pinned
+    --learner_master_port each policy's rendezvous port free on this host (a port on another host is that host's
+    business; with 0, rank 0 takes a free port when it starts, so there is nothing to check). What the flags must be
+    for ranks, on their own, is checks.check_learner_ranks."""
     ranks = cfg.learner_processes_per_policy
     if ranks == 1:
         return
@@ -84,7 +85,7 @@ def check_rank_gpus_and_ports(cfg: Config) -> None:
     if (cfg.device.startswith("cuda") or (cfg.device == "auto" and count)) and ranks > count:
         raise ConfigError(f"--learner_processes_per_policy={ranks}: each rank on CUDA needs a GPU of its own and "
                           f"{count} are visible; use at most {count}, or --device=cpu")
-    for policy in range(cfg.num_policies):
+    for policy in range(cfg.num_policies if cfg.learner_master_port else 0):
         port = group_port(cfg, policy)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous does: a listener counts

@@ -2,7 +2,7 @@
 
 How a crash becomes a report is the supervisor's part (appo/run/supervisor.py): a crash exits with code 1 and the
 runner replaces the worker; a `FatalError` exits with EXIT_FATAL and stops the run, since a replacement would meet
-the same condition.
+the same condition; a `LostPeer` is a crash that another process caused (its group restarts, the other is blamed).
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ EXIT_FATAL = 3  # a worker hit a condition a restart would meet again
 
 class FatalError(Exception):
     """A condition a restarted worker would meet again (for example a policy whose updates keep diverging)."""
+
+
+class LostPeer(Exception):
+    """A collective of a learner group failed because another member died or hangs (gloo's "Connection closed by
+    peer", a timeout): the supervisor blames the member that died, not this one, and restarts the group."""
 
 
 def init_worker(cfg, cpu: int | None, single_thread: bool, extra_niceness: int = 0,

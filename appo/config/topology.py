@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 
 
 def group_port(cfg: Config, policy_id: int) -> int:
-    """The port where policy `policy_id`'s learner ranks meet (--learner_processes_per_policy > 1): one per policy from
-    --learner_master_port, so that the learner ranks (appo/learning/ranks.py) and the check that it is free
-    (appo/preflight.py) count them alike."""
-    return cfg.learner_master_port + policy_id
+    """The port where rank 0 of policy `policy_id`'s learner group listens (--learner_processes_per_policy > 1): 0, a
+    free port the system picks for each group when it starts (so that runs at once never meet on one), or with
+    --learner_master_port pinned, one per policy from it, which the learner ranks (appo/learning/ranks.py) and the
+    check that it is free (appo/preflight.py) count alike."""
+    return cfg.learner_master_port + policy_id if cfg.learner_master_port else 0
 
 
 def num_acting_ids(cfg: Config) -> int:

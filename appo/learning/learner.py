@@ -39,7 +39,7 @@ from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, l
 from appo.learning.device import resolve_device
 from appo.learning.policy import Policy
 from appo.learning.ppo import ppo_updates
-from appo.learning.ranks import GroupLeader, rank_device
+from appo.learning.ranks import group_leader, rank_device
 from appo.learning.weights import WeightsPublisher, share_snapshots
 from appo.memory.segments import check_room
 from appo.messages import (
@@ -175,7 +175,7 @@ class Learner(WorkerRole):
         if ctx.control.learners.policy_version[policy_id] >= 0:
             self._continue_predecessor(checkpoint)
         # --learner_processes_per_policy > 1: this is rank 0 of its group (appo/learning/ranks.py)
-        self.leader = GroupLeader(cfg, self.policy, self.device) if cfg.learner_processes_per_policy > 1 else None
+        self.leader = group_leader(cfg, ctx.control.learners, self.policy, self.device)
         self._take(self.owed.scan())
 
     # ---------------------------------------------------------------- main loop

@@ -32,7 +32,7 @@ class LearnerRank(WorkerRole):
         self.policy = Policy(policy_id, self.cfg, ctx.spaces, self.device, flags)
         self.policy.model.set_bf16_images(self.cfg.learner_bf16)
         self.batches = BatchBuilder(self.cfg, ctx.traj, policy_id, self.device, masked=num_acting_ids(self.cfg) > 1)
-        self.ranks = RankGroup(self.cfg, policy_id, rank, self.device)
+        self.ranks = RankGroup(self.cfg, self.control.learners, policy_id, rank, self.device)
         self.stopped = False
 
     @classmethod
@@ -68,6 +68,8 @@ class LearnerRank(WorkerRole):
             self.stopped = True
         if order.kind != "train":
             return
+        if order.check_weights:
+            self.ranks.checksums(policy.model)
         batch = self.batches.build(order.slots, order.version, order.min_version, policy.hyperparams.gamma)
         self.ranks.barrier()  # rank 0 hands the slots back once every rank has copied them
         if batch.tensors is None:

@@ -22,6 +22,10 @@ from appo.learning.model import ActorCritic
 if TYPE_CHECKING:
     from appo.learning.ranks import RankGroup
 
+# A minibatch's statistics (`minibatch_loss`), in the order the learner ranks sum them in.
+STATS = ("loss", "policy_loss", "value_loss", "exploration_loss", "entropy", "kl", "clip_fraction", "values",
+         "value_targets")
+
 
 def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
            ) -> Tensor | dict[str, Tensor]:
@@ -95,9 +99,10 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, h
     policy's log-probabilities. `cfg` gives the run's fixed flags, `hp` the policy's current hyper-parameters.
 
     With `ranks` (--learner_processes_per_policy > 1, GAE only) every rank holds the whole minibatch: advantages are
-    normalised over all of it, then each rank computes the loss of its share (statistics are its share's), weighted
-    by the share's part of the minibatch, and the gradients are summed over the ranks (appo/learning/ranks.py). A
-    rank whose share is empty (fewer trajectories than ranks) adds nothing and returns no statistics.
+    normalised over all of it, then each rank computes the loss of its share, weighted by the share's part of the
+    minibatch, and the gradients are summed over the ranks (appo/learning/ranks.py), and so are the statistics, each a
+    (masked) mean, weighted alike: every rank returns the whole minibatch's, even one whose share is empty (fewer
+    trajectories than ranks), which adds nothing.
     """
     whole_mask, whole_targets, weight = mb.get("mask"), targets, 1.0
     if cfg.normalize_advantage and not cfg.with_vtrace:
@@ -112,7 +117,7 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, h
         loss, targets, stats = minibatch_loss(model, cfg, hp, mb, advantages, targets)
         if cfg.with_vtrace:  # its targets come from the loss (one rank only: appo/config/checks.py)
             whole_targets = targets
-    grad_norm = apply_gradients(model, optimizer, loss, weight, hp.max_grad_norm, ranks)
+    grad_norm, stats = apply_gradients(model, optimizer, loss, weight, hp.max_grad_norm, ranks, stats)
     if grad_norm is None:
         return None
     # Used from the next step on; every rank folds in the whole minibatch's targets.
@@ -171,25 +176,30 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
 
 
 def apply_gradients(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: Tensor | None, weight: float,
-                    max_grad_norm: float, ranks: RankGroup | None) -> Tensor | None:
+                    max_grad_norm: float, ranks: RankGroup | None, stats: dict[str, Tensor]
+                    ) -> tuple[Tensor | None, dict[str, Tensor]]:
     """Backward `loss` x `weight` (None: this rank has no share of the minibatch), sum the gradients over the ranks,
     clip them and take the Adam step; returns the gradient's norm before clipping, or None when a loss or the gradient
-    was not finite (then nothing changed, on every rank)."""
+    was not finite (then nothing changed, on every rank), and the minibatch's statistics: `stats` as they are, or with
+    ranks their sum over the ranks, each weighted by `weight`."""
     optimizer.zero_grad(set_to_none=True)
     finite = loss is None or bool(torch.isfinite(loss))
     if loss is not None and finite:
         (loss * weight).backward()
     if ranks is not None:
-        finite = ranks.sum_gradients(model, finite)
+        shares = (torch.stack([stats[name] for name in STATS]) * weight if stats and finite else
+                  torch.zeros(len(STATS)))
+        finite, summed = ranks.sum_gradients(model, finite, shares)
+        stats = dict(zip(STATS, summed))
     if not finite:
         optimizer.zero_grad(set_to_none=True)
-        return None
+        return None, stats
     grad_norm = clip_gradients(model, max_grad_norm)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
-        return None
+        return None, stats
     optimizer.step()
-    return grad_norm
+    return grad_norm, stats
 
 
 def share_weight(dones: Tensor, mask: Tensor | None, rows: slice) -> float:

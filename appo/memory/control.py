@@ -63,6 +63,9 @@ class LearnerArrays:
         self.env_steps = shared_array((num_policies,), np.int64)
         self.train_steps = shared_array((num_policies,), np.int64)
         self.pause_collection = shared_array((num_policies,), np.uint8)  # 1: too much unprocessed experience
+        # The port where rank 0 of policy p's learner group listens (--learner_processes_per_policy > 1), for the other
+        # ranks to meet it; 0 until it listens, and again once the group died (appo/run/roles.py).
+        self.group_port = shared_array((num_policies,), np.int32)
 
 
 class RunnerArrays:

@@ -31,8 +31,16 @@ class Role:
 
 
 def lower_learner_flags(ctx: WorkerContext, policy_id: int, *_) -> None:
-    """A learner that died with minibatches waiting left its actors paused; its replacement starts with none."""
+    """A learner that died with minibatches waiting left its actors paused; its replacement starts with none. Its
+    learner group's port is gone with it (`forget_group_port`)."""
     ctx.control.learners.pause_collection[policy_id] = 0
+    forget_group_port(ctx, policy_id)
+
+
+def forget_group_port(ctx: WorkerContext, policy_id: int, *_) -> None:
+    """A learner group restarts together, every member's clean-up first: the port its dead rank 0 published must not
+    be where a new rank looks for the new rank 0 (it may be closed, or another run's by now)."""
+    ctx.control.learners.group_port[policy_id] = 0
 
 
 def lower_inference_flags(ctx: WorkerContext, shard: int, index: int) -> None:
@@ -49,7 +57,7 @@ def lower_actor_flags(ctx: WorkerContext, worker: int) -> None:
 
 
 def nothing_to_lower(*_) -> None:
-    """The evaluator, a learner rank above 0 and the cluster process raise no flag that another process waits on."""
+    """The evaluator and the cluster process raise no flag that another process waits on."""
 
 
 def _learner() -> type[WorkerRole]:
@@ -93,7 +101,7 @@ def _cluster() -> type[WorkerRole]:
 # the agents per env; inference its shard and index; an actor its number; the cluster process the env. Which workers
 # of each a run starts: appo/run/graph.py.
 LEARNER = Role("learner", _learner, lower_learner_flags)
-LEARNER_RANK = Role("learner_rank", _learner_rank, nothing_to_lower)
+LEARNER_RANK = Role("learner_rank", _learner_rank, forget_group_port)
 EVALUATOR = Role("evaluator", _evaluator, nothing_to_lower)
 INFERENCE = Role("inference", _inference, lower_inference_flags)
 ACTOR = Role("actor", _actor, lower_actor_flags)

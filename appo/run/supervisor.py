@@ -24,7 +24,7 @@ from typing import Any
 from appo.messages import WorkerFailed
 from appo.run.roles import Role
 from appo.utils.logs import log
-from appo.utils.process import EXIT_FATAL, FatalError, die_with_parent
+from appo.utils.process import EXIT_FATAL, FatalError, LostPeer, die_with_parent
 from appo.utils.queues import forget_waiters, release_if_held_by
 from appo.utils.resources import mb, memory_limit_bytes, oom_kills, shm_room
 
@@ -50,6 +50,7 @@ class Worker:
     ready_at: float = 0.0  # time.monotonic() of its "ready"
     error: str | None = None  # traceback or fatal message reported since it started
     fatal: bool = False
+    lost_peer: bool = False  # its group's collective failed because another member died (a LostPeer)
     killed_because: str | None = None  # set when the runner killed it (a hang)
     restarts: deque[float] = field(default_factory=deque)  # monotonic times, within RESTART_WINDOW_S
     total_restarts: int = 0
@@ -64,6 +65,7 @@ class Death:
     cause: str
     # A crash before the worker was ready, or a fatal error: a replacement would fail the same way.
     permanent: bool
+    lost_peer: bool = False  # it died only because a member of its group did
 
 
 class Supervisor:
@@ -90,7 +92,8 @@ class Supervisor:
         worker.process = context.Process(
             target=start_component, name=worker.name, daemon=True,
             args=(worker.name, self.report_queue, worker.role, os.getpid(), *worker.args()))
-        worker.ready, worker.error, worker.fatal, worker.killed_because = False, None, False, None
+        worker.ready, worker.error, worker.fatal, worker.lost_peer = False, None, False, False
+        worker.killed_because = None
         worker.started = time.monotonic()
         worker.process.start()
 
@@ -104,7 +107,7 @@ class Supervisor:
 
     def on_failed(self, failure: WorkerFailed) -> None:
         worker = self.workers[failure.name]
-        worker.error, worker.fatal = failure.cause, failure.fatal
+        worker.error, worker.fatal, worker.lost_peer = failure.cause, failure.fatal, failure.lost_peer
 
     def all_ready_at(self) -> float | None:
         """When the last worker (of every role) reported ready; None while one has not."""
@@ -119,7 +122,9 @@ class Supervisor:
 
     # ---------------------------------------------------------------- deaths and replacements
     def deaths(self) -> list[Death]:
-        """Workers whose process has ended, with the cause (signal, exit code, traceback or fatal message)."""
+        """Workers whose process has ended, with the cause (signal, exit code, traceback or fatal message). Those that
+        died of their own cause come first: a member whose collective failed because a peer died (a lost peer) is
+        listed after it, and is never permanent (the peer's replacement may well start)."""
         found = []
         for worker in self.workers.values():
             code = worker.process.exitcode
@@ -133,11 +138,12 @@ class Supervisor:
                 cause = signal_cause(-code, self.oom_kills_seen)
             else:
                 cause = f"exited with code {code}"
-            permanent = worker.fatal or code == EXIT_FATAL or (worker.error is not None and not worker.ready)
-            found.append(Death(worker, cause, permanent))
+            permanent = not worker.lost_peer and (
+                worker.fatal or code == EXIT_FATAL or (worker.error is not None and not worker.ready))
+            found.append(Death(worker, cause, permanent, worker.lost_peer))
         if not found and time.monotonic() - self.oom_checked_at > 1.0:  # the count before the next death
             self.oom_kills_seen, self.oom_checked_at = oom_kills(), time.monotonic()
-        return found
+        return sorted(found, key=lambda death: death.lost_peer)
 
     def replace_dead(self, queues: list[tuple[str, object]], drain_reports: Callable[[], None]) -> str | None:
         """Replace every worker that died, after undoing what its death may have left half done; returns why the
@@ -145,7 +151,8 @@ class Supervisor:
 
         `queues` names every queue the group's processes use (a dead process may hold a queue's lock, see
         utils/queues.py); `drain_reports` reads the reports sent so far, since a crash report comes just before
-        the exit."""
+        the exit. A group's member that died of its own cause is the one blamed and counted (`deaths` lists it first);
+        every member's clean-up runs before any of them restarts, so no replacement reads what a dead member left."""
         if not self.deaths():
             return None
         drain_reports()
@@ -175,6 +182,7 @@ class Supervisor:
                 if member.inbox is not None:
                     forget_waiters(member.inbox)
                 member.role.after_death(*member.args())
+            for member in members:
                 self.restart(member, counted=member is worker)
                 restarted.add(member.name)
             group = f" and the rest of its group ({', '.join(m.name for m in members[1:])})" if members[1:] else ""
@@ -259,7 +267,8 @@ def signal_cause(signum: int, oom_kills_before: int | None) -> str:
 
 def start_component(name: str, report_queue, role: Role, parent_pid: int, *args: Any) -> None:
     """Entry point of every forked worker: import its role's class here, so torch loads only where needed; a crash
-    is reported to the runner as a `WorkerFailed` (with the traceback) and the process exits non-zero."""
+    is reported to the runner as a `WorkerFailed` (with the traceback; a `LostPeer` in one line, marked as one) and the
+    process exits non-zero."""
     die_with_parent(parent_pid, name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -267,6 +276,9 @@ def start_component(name: str, report_queue, role: Role, parent_pid: int, *args:
     except FatalError as exc:
         log.error("%s: %s", name, exc)
         _report_and_exit(report_queue, WorkerFailed(name, str(exc), fatal=True), EXIT_FATAL)
+    except LostPeer as exc:
+        log.warning("%s: %s", name, exc)
+        _report_and_exit(report_queue, WorkerFailed(name, str(exc), fatal=False, lost_peer=True), 1)
     except Exception:
         text = traceback.format_exc()
         log.error("%s crashed:\n%s", name, text)
