@@ -30,4 +30,5 @@ def full(session: nox.Session, torch: str) -> None:
     """The whole suite, as CI runs it, with one torch release."""
     session.install(f"torch=={torch}", env=NO_CONSTRAINT)
     session.install("-e", ".[test]", env=NO_CONSTRAINT)
-    session.run("python", "-m", "pytest", "-q", "--full", *session.posargs)
+    # tests/test_docs.py checks the README's torch==2.13.0 against this release instead
+    session.run("python", "-m", "pytest", "-q", "--full", *session.posargs, env={"APPO_TORCH_UNDER_TEST": torch})

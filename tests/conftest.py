@@ -61,7 +61,7 @@ def leaked_segments(before: set[str]) -> set[str]:
     which a segment's name tells: appo_<runner pid>_...)."""
     leaked = set()
     for name in shm_entries() - before:
-        match = re.fullmatch(r"appo_(\d+)_.*", name)
+        match = re.fullmatch(r"appo_(?:test_)?(\d+)_.*", name)  # a run's, or a LearnerRig's (below)
         if match is None or not psutil.pid_exists(int(match.group(1))):
             leaked.add(name)
     return leaked

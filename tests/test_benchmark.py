@@ -11,7 +11,7 @@ from appo.config.cfg import parse_config
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
 from appo.messages import ActorReport
 from appo.run.reporting import TIME_SHARES, Reports, diagnose
-from tests.conftest import REPO
+from tests.conftest import REPO, leaked_segments
 
 TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]
 
@@ -118,7 +118,7 @@ def test_bench_scripts_run_end_to_end(tmp_path):
     rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
     assert [row["workers"] for row in rows] == [1, 2]
     assert all(row["raw"] > 0 and row["trainer"] > 0 for row in rows)
-    assert set(os.listdir("/dev/shm")) == shm_before
+    assert leaked_segments(shm_before) == set()
 
 
 def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):

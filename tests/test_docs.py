@@ -33,6 +33,8 @@ FENCE = re.compile(r"^[ \t]*```(\w*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILIN
 SHORTEN = 100  # a documented --train_for_env_steps=N runs N // SHORTEN steps (at least MIN_BUDGET)
 SHORT_BUDGET, MIN_BUDGET = 10_000, 2_000
 README_MAX_LINES = 100  # one or two screens
+# The suite run with another torch release than the README's on purpose (noxfile.py's full sessions say which).
+TORCH_UNDER_TEST = "APPO_TORCH_UNDER_TEST"
 QUICK_CHECK, FULL_SUITE = "python -m pytest -q", "python -m pytest -q --full"  # the second is CI's (.ci/run)
 
 
@@ -100,6 +102,8 @@ def check_pip_install(args: list[str]) -> str:
         return "appo installed in editable mode from this checkout"
     for spec in args[2:]:
         requirement = Requirement(spec)
+        if requirement.name == "torch" and os.environ.get(TORCH_UNDER_TEST):  # noxfile.py's full sessions
+            requirement = Requirement(f"torch=={os.environ[TORCH_UNDER_TEST]}")
         version = installed_version(requirement.name)
         assert version is not None and requirement.specifier.contains(version.split("+")[0]), (spec, version)
     return "installed"
