@@ -221,9 +221,9 @@ class RunFlags:
                                     "Where each policy's learner ranks meet (torch.distributed's rendezvous, as "
                                     "torchrun's --master_addr): the address of the host of rank 0.")
     learner_master_port: int = flag(0, SAMPLING,
-                                    "0: rank 0 of each policy's learner ranks listens on a free port the system picks "
-                                    "(runs at once never collide). Nonzero: policy p's ranks meet on this port + p "
-                                    "(say, one a firewall lets through).", valid="[0, 65535]")
+                                    "Where policy p's learner ranks meet: this port + p, or with 0 a free port the "
+                                    "system picks for each group (runs at once never collide); pin it for a firewall.",
+                                    valid="[0, 65535]")
     learner_bf16: bool = flag(False, SAMPLING,
                               "On a CPU, the learner runs image encoders under bfloat16 autocast (heads, losses and "
                               "weights stay float32), for faster SGD (docs/PERFORMANCE.md). No effect on CUDA or on "
