@@ -4,7 +4,8 @@
     nox -s full           # python -m pytest --full (what CI runs) on Python 3.11, with each release of TORCH_RELEASES
     nox -s full-3.11(torch='2.15.0')   # one of them
 
-Each session builds its own virtualenv under .nox/ (torch with it: a few GB per session).
+Each session builds its own virtualenv under .nox/ (torch with it: a few GB per session); `-r` reuses it. Each Python
+must be on PATH as python3.11, python3.12, python3.13 (with pyenv: `pyenv shell 3.11.7 3.12.1 3.13.0`).
 """
 
 import nox
