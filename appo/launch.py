@@ -136,7 +136,8 @@ def run(cfg: Config, given: set[str], hooks: Hooks | None = None) -> TrainResult
                                     seconds=round(time.monotonic() - started, 3), stats=stats,
                                     best_rewards=dict(enumerate(numbers.best_rewards)),
                                     final_rewards=dict(enumerate(numbers.final_rewards())),
-                                    checkpoints=dict(enumerate(checkpoints)), target=outcome.target))
+                                    checkpoints=dict(enumerate(checkpoints)),
+                                    faults=runner.reports.tally.fault_counts(), target=outcome.target))
     if outcome.completed:
         done = os.path.join(exp_dir, "done")
         try:
@@ -184,7 +185,8 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     # The auto rules size the sampler and learner by what an env step costs; a natively vectorised env's sub-env
     # costs its share of one vectorised step.
     vectorised = steps_batched(cfg.env, cfg.batched_sampling) and natively_vectorised(cfg.env)
-    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not vectorised)
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=not resuming and not vectorised,
+                    action_mask=cfg.action_mask)
     if vectorised and not resuming:
         info = dataclasses.replace(info, step_seconds=sub_env_step_seconds(cfg.env, env_kwargs(cfg)))
     try:
@@ -237,7 +239,7 @@ def new_experiment_defaults(argv: list[str]) -> tuple[Config, list[str]]:
     as at start-up, but no step is timed, so the rules that follow a timing do not apply: the sampler's sizing
     (--num_envs_per_worker, --actor_niceness: throughput, not learning) and fast batched sampling."""
     cfg, given = parse_args(argv)
-    info = env_info(cfg.env, env_kwargs(cfg), measure_step=False)
+    info = env_info(cfg.env, env_kwargs(cfg), measure_step=False, action_mask=cfg.action_mask)
     cfg, _, lines = _apply_auto(cfg, given, info)
     return cfg, lines
 

@@ -58,6 +58,7 @@ class ActorReport:
     games: list[GameEnd]
     timing: dict[str, float]  # seconds per activity since the last report
     env_errors: int
+    illegal_actions: int  # actions its envs were given that their action masks did not allow (envs/action_masks.py)
     nonfinite: int  # non-finite rewards stored as 0
     state: str  # what it waits for, for the stall report
     every_env_ended: bool  # each of its envs has ended an episode since the worker started (unbiased windows)

@@ -18,6 +18,9 @@ import numpy as np
 from appo.config.encoders import MLP, NATURE_CNN, SMALL_CNN
 
 SINGLE_KEY = "obs"
+# The observation key that holds which actions are allowed (PettingZoo's classic games, `--action_mask`): stored with
+# the observation, so a trajectory keeps the mask each action was taken under, but fed to no encoder.
+MASK_KEY = "action_mask"
 
 
 class SpaceError(TypeError):
@@ -30,6 +33,26 @@ def obs_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:
     if isinstance(space, gym.spaces.Dict) and all(isinstance(s, gym.spaces.Box) for s in space.spaces.values()):
         return dict(space.spaces)
     raise SpaceError(f"unsupported observation space {space}; use Box or a Dict of Box spaces")
+
+
+def masks_actions(action_mask: str, obs_space: gym.Space) -> bool:
+    """Whether a model masks its actions: `--action_mask` is not none and the observation holds a mask (make_env puts
+    it there, appo/envs/action_masks.py)."""
+    return action_mask != "none" and MASK_KEY in obs_spaces(obs_space)
+
+
+def encoded_spaces(space: gym.Space, masked: bool) -> dict[str, gym.spaces.Box]:
+    """The observation keys the model encodes: every key but the action mask when `masked`."""
+    return {key: s for key, s in obs_spaces(space).items() if not (masked and key == MASK_KEY)}
+
+
+def mask_size(space: gym.Space) -> int:
+    """Entries of an action mask for `space`: one per choice of a Discrete space, one per choice of each part of a
+    MultiDiscrete, the parts one after the other (the layout of the model's logits)."""
+    spec = action_spec(space)
+    if any(kind != "discrete" for kind, _ in spec) or isinstance(space, gym.spaces.Tuple):
+        raise SpaceError(f"action masks need a Discrete or MultiDiscrete action space, not {space}")
+    return sum(n for _, n in spec)
 
 
 # The Nature CNN's 8x8/4, 4x4/2 and 3x3/1 convolutions need images of at least this many pixels a side.

@@ -41,7 +41,7 @@ def is_parallel_env(env: Any) -> bool:
 
 
 def is_aec_env(env: Any) -> bool:
-    """Whether `env` looks like a PettingZoo AECEnv (turn-based API), which the adapter does not take."""
+    """Whether `env` looks like a PettingZoo AECEnv (turn-based API: envs/pettingzoo_turns.py adapts it)."""
     return (not isinstance(env, gym.Env) and hasattr(env, "possible_agents")
             and callable(getattr(env, "observation_space", None)) and callable(getattr(env, "last", None)))
 
@@ -63,9 +63,21 @@ def _differing(agents: list, spaces: list[gym.Space], kind: str) -> str | None:
     return f"{kind} space of {names} ({_describe(odd[0][1])}) differs from {agents[0]}'s ({_describe(spaces[0])})"
 
 
-def _zeros(space: gym.Space) -> np.ndarray | dict[str, np.ndarray]:
+def differing_spaces(agents: list, observation_spaces: list[gym.Space], action_spaces: list[gym.Space]) -> str | None:
+    """None when every agent has the first agent's spaces, else a one-line problem naming the agents that differ."""
+    problems = [problem for problem in (_differing(agents, observation_spaces, "observation"),
+                                        _differing(agents, action_spaces, "action")) if problem]
+    if not problems:
+        return None
+    return (f"every agent of a PettingZoo env must have the same spaces (one policy acts for all): "
+            f"{'; '.join(problems)}; pad them to one space (e.g. SuperSuit's pad_observations_v0 and "
+            f"pad_action_space_v0) in a make function")
+
+
+def zeros_of(space: gym.Space) -> np.ndarray | dict[str, np.ndarray]:
+    """An all-zeros observation of `space`: what a seat without an agent in play sees."""
     if isinstance(space, gym.spaces.Dict):
-        return {key: _zeros(sub) for key, sub in space.spaces.items()}
+        return {key: zeros_of(sub) for key, sub in space.spaces.items()}
     return np.zeros(space.shape, dtype=space.dtype)
 
 
@@ -79,18 +91,15 @@ class PettingZooEnv(gym.Env):
             raise EnvError("the PettingZoo env has no possible_agents")
         observation_spaces = [env.observation_space(agent) for agent in self.possible_agents]
         action_spaces = [env.action_space(agent) for agent in self.possible_agents]
-        problems = [problem for problem in (_differing(self.possible_agents, observation_spaces, "observation"),
-                                            _differing(self.possible_agents, action_spaces, "action")) if problem]
-        if problems:
-            raise EnvError(f"every agent of a PettingZoo env must have the same spaces (one policy acts for all): "
-                           f"{'; '.join(problems)}; pad them to one space (e.g. SuperSuit's pad_observations_v0 "
-                           f"and pad_action_space_v0) in a make function")
+        problem = differing_spaces(self.possible_agents, observation_spaces, action_spaces)
+        if problem:
+            raise EnvError(problem)
         self.num_agents = len(self.possible_agents)
         self.observation_space = observation_spaces[0]
         self.action_space = action_spaces[0]
         self.metadata = dict(getattr(env, "metadata", None) or {"render_modes": []})
         self.render_mode = getattr(env, "render_mode", None)
-        self._zero_obs = _zeros(self.observation_space)
+        self._zero_obs = zeros_of(self.observation_space)
         self._seat = {agent: i for i, agent in enumerate(self.possible_agents)}
         self._ended_by: dict[str, bool] = {}  # agent -> terminated (True) or truncated (False), this episode
 

@@ -12,12 +12,14 @@ Resolution order:
    is wrapped in `appo.envs.pettingzoo_env.PettingZooEnv`, one seat per possible agent, so PettingZoo's own make
    functions work as they are: `--env=mpe2.simple_spread_v3:parallel_env --env_kwargs='{"max_cycles": 25}'`
    (`pip install -e ".[pettingzoo]"`), `--env=pettingzoo.butterfly.pistonball_v6:parallel_env` (PettingZoo's
-   families need their own extra as well: `pip install "pettingzoo[butterfly]"`);
+   families need their own extra as well: `pip install "pettingzoo[butterfly]"`); an AECEnv (turn-based:
+   `--env=pettingzoo.classic.connect_four_v3:env`) is wrapped in `appo.envs.pettingzoo_turns.TurnBasedEnv`;
 3. anything `gymnasium.make` accepts, including `package.module:EnvName-v0`, for which gymnasium imports
    `package.module` (which registers the env) first.
 
-`--env_kwargs` (a JSON object) is passed to the make function or to `gymnasium.make`. Workers build
-envs through this same function, so every process resolves the name the same way.
+`--env_kwargs` (a JSON object) is passed to the make function or to `gymnasium.make`. An env whose actions are
+masked (`--action_mask`) is wrapped in `appo.envs.action_masks.ActionMasks`. Workers build envs through this same
+function, so every process resolves the name the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from appo.spaces import MASK_KEY
 from appo.utils.logs import log
 
 RANDOM_PLAY_STEPS = 1000  # HalfCheetah's time limit; from seed 0 Hopper, Walker2d, Humanoid and Ant fall within 50
@@ -90,11 +93,31 @@ def _missing_hint(module_name: str, missing: str | None) -> str:
     return "install it or fix the module path" if missing == top else "install it"
 
 
-def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
-    """A new env for `--env` (resolved as the module docstring says); workers call it too, so they all agree."""
+def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None,
+             action_mask: str = "auto") -> gym.Env:
+    """A new env for `--env` (resolved as the module docstring says), its action masks (`--action_mask`) in the
+    observation and checked (envs/action_masks.py); workers call it too, so they all agree."""
+    from appo.envs.action_masks import ActionMasks, mask_source
+
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
+    env = _make_unmasked(env_id, kwargs)
+    turn_based = bool(getattr(env, "turn_based", False))
+    # A turn-based env's masks are always in its observation (pettingzoo_turns.py puts them there).
+    masked_turns = turn_based and action_mask != "none"
+    source = ("obs", MASK_KEY) if masked_turns else mask_source(action_mask, env.observation_space)
+    try:
+        if source is None and turn_based:
+            raise EnvError(f"--env={env_id}: a turn-based env tells each seat whose turn it is in its action mask; "
+                           "--action_mask=none cannot apply (use auto)")
+        return env if source is None else ActionMasks(env, source, env_id)
+    except EnvError:
+        env.close()
+        raise
+
+
+def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     from appo.envs.atari import is_atari_name, make_atari
     from appo.envs.doom import is_doom_name, make_doom
     from appo.envs.vector import ENVPOOL_PREFIX, EnvPoolEnv, is_envpool_name
@@ -173,8 +196,9 @@ def with_vector_observations(env: gym.Env) -> gym.Env:
 
 
 def _as_gym_env(env_id: str, env: Any) -> gym.Env:
-    """The env a make function returned, with a PettingZoo ParallelEnv wrapped into the multi-agent API."""
+    """The env a make function returned, with a PettingZoo ParallelEnv or AECEnv wrapped into the multi-agent API."""
     from appo.envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
+    from appo.envs.pettingzoo_turns import TurnBasedEnv
 
     if is_parallel_env(env):
         try:
@@ -183,9 +207,11 @@ def _as_gym_env(env_id: str, env: Any) -> gym.Env:
             env.close()
             raise EnvError(f"--env={env_id}: {exc}") from exc
     if is_aec_env(env):
-        env.close()
-        raise EnvError(f"--env={env_id}: a PettingZoo AEC (turn-based) env; use its parallel_env function, or "
-                       f"return pettingzoo.utils.conversions.aec_to_parallel(env) from a make function")
+        try:
+            return TurnBasedEnv(env, env_id)
+        except EnvError as exc:
+            env.close()
+            raise EnvError(f"--env={env_id}: {exc}") from exc
     return env
 
 
@@ -204,10 +230,11 @@ class EnvInfo:
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
 
 
-def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False) -> EnvInfo:
-    """What the runner needs to know about the env; with `measure_step`, also what one step costs (see
-    measure_step_seconds)."""
-    env = make_env(env_id, env_kwargs)
+def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False,
+             action_mask: str = "auto") -> EnvInfo:
+    """What the runner needs to know about the env (its spaces as the model sees them: with the action mask that
+    `action_mask` reads, make_env's); with `measure_step`, also what one step costs (see measure_step_seconds)."""
+    env = make_env(env_id, env_kwargs, action_mask=action_mask)
     try:
         num_agents = int(getattr(env, "num_agents", 1))
         step_seconds = guarded_step_seconds(env, num_agents) if measure_step else None

@@ -67,6 +67,7 @@ def reports(worker: ActorWorker, ctx: WorkerContext) -> ActorReport:
     return ActorReport(worker=0, env_steps=sum(r.env_steps for r in sent),
                        episodes=[e for r in sent for e in r.episodes], games=[g for r in sent for g in r.games],
                        timing={}, env_errors=sum(r.env_errors for r in sent),
+                       illegal_actions=sum(r.illegal_actions for r in sent),
                        nonfinite=sum(r.nonfinite for r in sent), state=sent[-1].state,
                        every_env_ended=sent[-1].every_env_ended)
 

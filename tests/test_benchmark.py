@@ -128,7 +128,7 @@ def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):
 
     def report(worker: int, env_steps: int) -> None:
         reports.on_actor(ActorReport(worker=worker, env_steps=env_steps, episodes=[], games=[], timing={}, env_errors=0,
-                                     nonfinite=0, state="", every_env_ended=False))
+                                     illegal_actions=0, nonfinite=0, state="", every_env_ended=False))
 
     report(0, 5000)  # both actors' first reports cover their start-up second: not measured
     report(1, 5000)

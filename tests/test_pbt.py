@@ -299,7 +299,8 @@ def test_the_objectives_standard_error_is_over_the_full_window(tmp_path):
 
     def episodes(objectives: list[float]) -> ActorReport:
         return ActorReport(worker=0, env_steps=0, episodes=[EpisodeEnd(0, 0.0, 10, o, {}) for o in objectives],
-                           games=[], timing={}, env_errors=0, nonfinite=0, state="stepping", every_env_ended=True)
+                           games=[], timing={}, env_errors=0, illegal_actions=0, nonfinite=0, state="stepping",
+                           every_env_ended=True)
 
     reports.on_actor(episodes([1.0, 2.0, 3.0]))
     assert reports.objective_error(0) is None  # no full window yet

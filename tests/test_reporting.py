@@ -42,9 +42,10 @@ def make_reports(tmp_path, *flags: str, policies: int = 2) -> tuple[Reports, Fak
 
 
 def actor_report(worker: int = 0, env_steps: int = 0, episodes: list[EpisodeEnd] | None = None, env_errors: int = 0,
-                 nonfinite: int = 0, every_env_ended: bool = True) -> ActorReport:
+                 nonfinite: int = 0, every_env_ended: bool = True, illegal_actions: int = 0) -> ActorReport:
     return ActorReport(worker=worker, env_steps=env_steps, episodes=episodes or [], games=[], timing={},
-                       env_errors=env_errors, nonfinite=nonfinite, state="stepping", every_env_ended=every_env_ended)
+                       env_errors=env_errors, illegal_actions=illegal_actions, nonfinite=nonfinite, state="stepping",
+                       every_env_ended=every_env_ended)
 
 
 def learner_report(reports: Reports, policy: int, version: int, stats: dict[str, float] | None = None,

@@ -144,6 +144,9 @@ def check_batched_sampling(cfg: Any, num_agents: int) -> None:
     if num_agents > 1 and steps_batched(cfg.env, cfg.batched_sampling):
         raise ConfigError(f"--batched_sampling=True steps single-agent envs only: --env={cfg.env} has {num_agents} "
                           "agents per env; use --batched_sampling=False")
+    if cfg.action_mask.startswith("info") and steps_batched(cfg.env, cfg.batched_sampling):
+        raise ConfigError(f"--action_mask={cfg.action_mask}: batched sampling steps vector envs, whose infos the "
+                          "masks are not read from; use --batched_sampling=False")
 
 
 def check_batch(cfg: Any) -> None:
@@ -259,6 +262,12 @@ def check_encoder(cfg: Any) -> None:
     validate_encoder(cfg.encoder)
 
 
+def check_action_mask(cfg: Any) -> None:
+    if cfg.action_mask in ("auto", "none", "info") or (cfg.action_mask.startswith("info:") and cfg.action_mask[5:]):
+        return
+    raise ConfigError(f"--action_mask={cfg.action_mask}: unknown; use auto, info, info:KEY (an info key) or none")
+
+
 def check_experiment_name(cfg: Any) -> None:
     if not cfg.experiment or os.sep in cfg.experiment or cfg.experiment in (".", ".."):
         raise ConfigError(f"--experiment={cfg.experiment!r}: must be a plain folder name")
@@ -268,7 +277,7 @@ CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inferen
           check_lr_schedule, check_learner_ranks, check_proximal_policy, check_recurrence, check_population,
           check_perturb_factors, check_self_play, check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
-          check_encoder, check_experiment_name, check_trackers_installed,
+          check_encoder, check_action_mask, check_experiment_name, check_trackers_installed,
           wandb_tags)  # --wandb_tags parses to a list of tags
 
 

@@ -248,6 +248,13 @@ class LearningFlags:
                         "convolutions) when a side is under 36 pixels; said at start-up), mlp, nature_cnn, small_cnn, "
                         "impala_resnet, a name registered with appo.learning.model.register_encoder, or "
                         "package.module:factory.")
+    action_mask: str = flag("auto", MODEL,
+                            "Which actions each step allows: auto (the 'action_mask' key of a Dict observation, as "
+                            "PettingZoo's classic games give it, when there is one), info (info['action_mask'] of "
+                            "each reset and step), info:KEY (another info key), or none (no masking; an "
+                            "'action_mask' key is then an ordinary observation). A mask holds one 0/1 per choice of a "
+                            "Discrete action, or of each part of a MultiDiscrete one, in order; disallowed actions "
+                            "get probability 0 when sampling, training, evaluating and in exported models.")
     actor_critic_share_weights: bool = flag(True, MODEL,
                                             "One encoder (and core) for policy and value heads; False gives the critic "
                                             "its own.")

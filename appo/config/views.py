@@ -35,6 +35,7 @@ class ActorConfig(RoleView):
 
     env: str
     env_kwargs: str
+    action_mask: str
     seed: int | None
     num_workers: int
     worker_num_splits: int
@@ -69,6 +70,7 @@ class ModelFlags(RoleView):
     """The flags that build the model (appo/learning/model.py): every role that runs it reads them."""
 
     encoder: str
+    action_mask: str
     hidden_size: int
     mlp_layers: int
     use_rnn: bool

@@ -19,6 +19,7 @@ from appo.learning import losses
 from appo.learning.ppo import replace_nonfinite_, select
 from appo.memory.buffers import TRUNCATED, TrajBuffers
 from appo.memory.slots import release_slots
+from appo.spaces import MASK_KEY
 from appo.workers.context import WorkerContext
 
 
@@ -83,26 +84,36 @@ class BatchBuilder:
 
     FIELDS = ("obs", "rnn_states", "actions", "log_probs", "values", "rewards", "dones")
 
-    def __init__(self, cfg: LearnerConfig, traj: TrajBuffers, policy_id: int, device: torch.device, masked: bool):
+    def __init__(self, cfg: LearnerConfig, traj: TrajBuffers, policy_id: int, device: torch.device, masked: bool,
+                 action_masks: bool = False):
         """`masked`: other acting ids (policies, self-play snapshots) also fill slots, so a batch carries a mask of
-        this policy's steps."""
+        this policy's steps. `action_masks`: the model masks actions, and a step whose mask allows nothing was a seat
+        waiting for its turn (appo/envs/pettingzoo_turns.py), which trains the value head but not the policy."""
         self.cfg, self.policy_id, self.device, self.masked = cfg, policy_id, device, masked
         self.traj = traj.torch_views()
+        self.action_masks = action_masks
 
     def own_steps(self, index: Tensor) -> Tensor:
         """Which steps [n, T] of these slots this policy took."""
         return self.traj["policy_ids"][index] == self.policy_id
+
+    def acted(self, index: Tensor) -> Tensor | None:
+        """Which steps [n, T] of these slots acted (their action mask allowed something); None without masks."""
+        if not self.action_masks:
+            return None
+        return (self.traj["obs"][MASK_KEY][index, :-1] > 0).any(dim=-1)
 
     def build(self, slots: list[int], version: int, min_version: int, gamma: float) -> Batch:
         """A batch of the slots' fresh enough trajectories; too old means a step more than --max_policy_lag
         versions behind `version`, or sampled by weights older than `min_version` (replaced since, by PBT)."""
         index = torch.tensor(slots, dtype=torch.long)
         traj, cfg = self.traj, self.cfg
-        valid = self.own_steps(index)
+        valid, acted = self.own_steps(index), self.acted(index)
         versions = traj["policy_versions"][index]
         oldest = torch.where(valid, versions, torch.full_like(versions, version)).min(dim=1).values
         fresh = ((version - oldest) <= cfg.max_policy_lag) & (oldest >= min_version)
-        result = Batch(None, int(valid.sum()), int((~fresh).sum()), None, 0)
+        # A seat that waited for its turn made no sample: the env steps counted are the moves made.
+        result = Batch(None, int(valid.sum() if acted is None else (valid & acted).sum()), int((~fresh).sum()), None, 0)
         keep = index[fresh]
         if len(keep) == 0:
             return result
@@ -116,5 +127,7 @@ class BatchBuilder:
         result.nonfinite = replace_nonfinite_(batch)
         if self.masked:  # only this policy's steps are learned from (not other policies', snapshots')
             batch["mask"] = valid[fresh].float().to(self.device)
+        if acted is not None:  # and only the steps that acted train the policy
+            batch["policy_mask"] = (valid & acted)[fresh].float().to(self.device)
         result.tensors = batch
         return result

@@ -53,7 +53,8 @@ class Evaluator(WorkerRole):
         self.inbox, self.report_queue = ctx.queues.evaluator_inbox, ctx.queues.report
         self.weights_names, self.exp_dir = ctx.weights_names, ctx.exp_dir
         # One env per episode: an evaluation steps them side by side, one forward pass per step for all.
-        self.envs = [make_env(cfg.env, episode_env_kwargs(cfg)) for _ in range(cfg.eval_episodes)]
+        self.envs = [make_env(cfg.env, episode_env_kwargs(cfg), action_mask=cfg.action_mask)
+                     for _ in range(cfg.eval_episodes)]
         self.device = torch.device("cpu")
         self.policies: dict[int, tuple[TrainedPolicy, WeightsSubscriber]] = {}
         # Each policy's best --save_best_metric so far (kept across a resume by best.json).

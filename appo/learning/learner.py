@@ -168,7 +168,8 @@ class Learner(WorkerRole):
         self.backlog_limit = self.trajs_per_iteration + (
             cfg.num_minibatches_to_accumulate * cfg.batch_size // cfg.rollout)
         self.owed = OwedSlots(ctx, policy_id)
-        self.batches = BatchBuilder(cfg, ctx.traj, policy_id, self.device, masked=num_acting_ids(cfg) > 1)
+        self.batches = BatchBuilder(cfg, ctx.traj, policy_id, self.device, masked=num_acting_ids(cfg) > 1,
+                                    action_masks=self.policy.model.masked)
         self.timing = Timing()
         self.counters = LearnerCounters(policy_id, cfg)
         self.last_scan = self.last_save = self.last_report = time.monotonic()  # of each thing `step` does now and then

@@ -31,7 +31,8 @@ class LearnerRank(WorkerRole):
         self.device = rank_device(resolve_device(self.cfg.device), rank, self.cfg.learner_processes_per_policy)
         self.policy = Policy(policy_id, self.cfg, ctx.spaces, self.device, flags)
         self.policy.model.set_bf16_images(self.cfg.learner_bf16)
-        self.batches = BatchBuilder(self.cfg, ctx.traj, policy_id, self.device, masked=num_acting_ids(self.cfg) > 1)
+        self.batches = BatchBuilder(self.cfg, ctx.traj, policy_id, self.device, masked=num_acting_ids(self.cfg) > 1,
+                                    action_masks=self.policy.model.masked)
         self.ranks = RankGroup(self.cfg, self.control.learners, policy_id, rank, self.device)
         self.stopped = False
 

@@ -24,10 +24,22 @@ from torch import Tensor, nn
 
 from appo.config.encoders import AUTO, IMPALA_RESNET, MLP, NATURE_CNN, REGISTERED, SMALL_CNN
 from appo.memory.buffers import rnn_size
-from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
+from appo.spaces import MASK_KEY, action_spec, auto_encoder, encoded_spaces, gaussian_box, initial_stds, masks_actions
 
 ObsDict = dict[str, Tensor]
 LOG_STD_BOUNDS = (-5.0, 2.0)  # a Gaussian's log-std is clamped to these when sampled and scored
+# A disallowed action's logit: minus infinity in effect (its probability is exactly 0 after the softmax), but finite,
+# so that the entropy's p * log p stays 0 rather than 0 * -inf = nan.
+MASKED_LOGIT = torch.finfo(torch.float32).min
+
+
+def masked_logits(logits: Tensor, mask: Tensor, sizes: list[int]) -> Tensor:
+    """`logits` [..., sum(sizes)] with the actions `mask` (same shape, 0/1) does not allow set to MASKED_LOGIT, part by
+    part (`sizes`: choices per part). A part whose mask allows nothing is left as it is: that row is a seat waiting
+    for its turn (appo/envs/pettingzoo_turns.py), which does not act and trains no policy."""
+    parts = (mask > 0).split(sizes, dim=-1)
+    allowed = torch.cat([part | ~part.any(dim=-1, keepdim=True) for part in parts], dim=-1)
+    return logits.masked_fill(~allowed, MASKED_LOGIT)
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -37,11 +49,12 @@ class ActionDistribution:
     `params` [..., P] hold, part after part, n logits per discrete part and d means + d log-stds per
     Gaussian part. Actions [..., A] hold one integer per discrete part and d floats per Gaussian part
     (a Discrete space's actions have no last dimension). `centre`: the action box's centre per Gaussian dimension,
-    where symmetric_kl_to_prior centres its prior (None: 0).
+    where symmetric_kl_to_prior centres its prior (None: 0). `masked`: the logits may hold MASKED_LOGIT (masked_logits).
     """
 
-    def __init__(self, params: Tensor, spec: list[tuple[str, int]], scalar_action: bool, centre: Tensor | None = None):
-        self.spec, self.scalar_action, self.centre = spec, scalar_action, centre
+    def __init__(self, params: Tensor, spec: list[tuple[str, int]], scalar_action: bool, centre: Tensor | None = None,
+                 masked: bool = False):
+        self.spec, self.scalar_action, self.centre, self.masked = spec, scalar_action, centre, masked
         self.parts: list[tuple[str, Tensor, Tensor | None]] = []
         offset = 0
         for kind, n in spec:
@@ -72,6 +85,8 @@ class ActionDistribution:
                 # Inverse CDF with one uniform per row: a fraction of torch.multinomial's cost on small batches.
                 uniform = torch.rand((*a.shape[:-1], 1), generator=generator, device=a.device)
                 choice = (a.exp().cumsum(-1) < uniform).sum(-1, keepdim=True).clamp(max=a.shape[-1] - 1)
+                if self.masked:  # a uniform of 0, or above the rounded total, must not land on a disallowed edge
+                    choice = choice.clamp(*_allowed_range(a))
                 samples.append(choice.float())
             else:
                 noise = torch.randn(a.shape, generator=generator, device=a.device)
@@ -112,6 +127,13 @@ class ActionDistribution:
         total, gaussian_offset = 0.0, 0
         for kind, a, log_std in self.parts:
             if kind == "discrete":
+                if self.masked:  # the prior is uniform over the allowed actions
+                    allowed = a > MASKED_LOGIT / 2
+                    n = allowed.sum(-1, keepdim=True).float()
+                    log_uniform = -torch.log(n)
+                    total = total + (a.exp() * (a - log_uniform)).sum(-1) + \
+                        torch.where(allowed, (log_uniform - a) / n, 0.0).sum(-1)
+                    continue
                 n = a.shape[-1]
                 log_uniform = -math.log(n)
                 total = total + (a.exp() * (a - log_uniform)).sum(-1) + ((log_uniform - a) / n).sum(-1)
@@ -124,6 +146,16 @@ class ActionDistribution:
                 kl_prior_pi = 0.5 * ((1.0 + mean_sq) / var - 1.0) + log_std
                 total = total + (kl_pi_prior + kl_prior_pi).sum(-1)
         return total
+
+
+def _allowed_range(log_probs: Tensor) -> tuple[Tensor, Tensor]:
+    """The first and last allowed action of each row [..., 1] (masked actions' log-probabilities are near
+    MASKED_LOGIT)."""
+    allowed = log_probs > MASKED_LOGIT / 2
+    index = torch.arange(log_probs.shape[-1], device=log_probs.device).expand_as(log_probs)
+    last = torch.where(allowed, index, -1).amax(-1, keepdim=True)
+    first = torch.where(allowed, index, log_probs.shape[-1]).amin(-1, keepdim=True)
+    return first, last
 
 
 # ---------------------------------------------------------------------------------------------- encoders
@@ -356,7 +388,7 @@ class ObsEncoder(nn.Module):
 
     def __init__(self, obs_space: gym.Space, cfg):
         super().__init__()
-        spaces = obs_spaces(obs_space)
+        spaces = encoded_spaces(obs_space, masks_actions(cfg.action_mask, obs_space))
         self.encoders = nn.ModuleDict({key: encoder_factory(cfg.encoder, s)(s, cfg) for key, s in spaces.items()})
         self.images = {key for key, s in spaces.items() if np.dtype(s.dtype) == np.uint8}
         self.out_size = sum(e.out_size for e in self.encoders.values())
@@ -393,7 +425,9 @@ class ActorCritic(nn.Module):
         self.scalar_action = isinstance(action_space, gym.spaces.Discrete)
         self.use_rnn, self.rnn_type = cfg.use_rnn, cfg.rnn_type
         self.shared = cfg.actor_critic_share_weights
-        spaces = obs_spaces(obs_space)
+        # --action_mask: the mask key is read by the policy head (masked_logits), not encoded or normalised.
+        self.masked = masks_actions(cfg.action_mask, obs_space)
+        spaces = encoded_spaces(obs_space, self.masked)
         self.obs_norms = None
         if cfg.normalize_input:
             self.obs_norms = nn.ModuleDict({key: RunningNorm(tuple(s.shape)) for key, s in spaces.items()
@@ -436,8 +470,10 @@ class ActorCritic(nn.Module):
         h, c = core(x, state.chunk(2, dim=-1))
         return h, torch.cat([h, c], dim=-1)
 
-    def _policy_params(self, x: Tensor) -> Tensor:
+    def _policy_params(self, x: Tensor, mask: Tensor | None) -> Tensor:
         raw = self.policy_head(x)
+        if mask is not None:  # masks come with Discrete and MultiDiscrete actions only: params are all logits
+            return masked_logits(raw, mask, [n for _, n in self.spec])
         if self.log_std is None:
             return raw
         # Interleave state-independent log-stds after each Gaussian part's means (offset by the box's centre).
@@ -454,7 +490,7 @@ class ActorCritic(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def distribution(self, params: Tensor) -> ActionDistribution:
-        return ActionDistribution(params, self.spec, self.scalar_action, self.action_centre)
+        return ActionDistribution(params, self.spec, self.scalar_action, self.action_centre, self.masked)
 
     def _values(self, features: Tensor) -> Tensor:
         """Value estimates in reward units (the head's output denormalised under --normalize_returns)."""
@@ -508,11 +544,13 @@ class ActorCritic(nn.Module):
     def forward_step(self, obs: ObsDict, rnn_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One step for a batch of agents: (action params, values, next rnn states)."""
         features, next_states = self._features({k: v.unsqueeze(1) for k, v in obs.items()}, rnn_states, None)
-        return self._policy_params(features[0]), self._values(features[-1]), next_states
+        mask = obs[MASK_KEY] if self.masked else None
+        return self._policy_params(features[0], mask), self._values(features[-1]), next_states
 
     def forward_sequence(self, obs: ObsDict, rnn_states: Tensor, dones: Tensor) -> tuple[Tensor, Tensor]:
         """Sequences obs [n, L, ...] from start states [n, H]; dones [n, L] reset the state after a step."""
         n, length = dones.shape
         features, _ = self._features(obs, rnn_states, dones)
-        params = self._policy_params(features[0])
+        mask = obs[MASK_KEY].reshape(n * length, -1) if self.masked else None
+        params = self._policy_params(features[0], mask)
         return params.reshape(n, length, -1), self._values(features[-1]).reshape(n, length)

@@ -3,8 +3,9 @@
 No processes, queues or shared memory here: the learner (appo/learning/learner.py) builds the batch and hands it to
 `ppo_updates`, which yields each minibatch's statistics. The loss terms themselves are in appo/learning/losses.py.
 A batch holds, per trajectory of T steps: obs [n, T+1, ...] (step T is the bootstrap observation), rnn_states
-[n, T+1, H], actions, log_probs and values (the behaviour policy's), rewards and dones [n, T], and with more than
-one acting id a `mask` [n, T] of the steps this policy took.
+[n, T+1, H], actions, log_probs and values (the behaviour policy's), rewards and dones [n, T], with more than
+one acting id a `mask` [n, T] of the steps this policy took, and with action masks a `policy_mask` [n, T] of those
+steps that acted (a turn-based game's waiting seats train the value head only).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, h
     """
     whole_mask, whole_targets, weight = mb.get("mask"), targets, 1.0
     if cfg.normalize_advantage and not cfg.with_vtrace:
-        advantages = losses.normalize(advantages, whole_mask)
+        advantages = losses.normalize(advantages, mb.get("policy_mask", whole_mask))
     if ranks is not None:
         rows = ranks.share(len(mb["dones"]))
         weight = share_weight(mb["dones"], whole_mask, rows)
@@ -136,7 +137,8 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
     proximal = mb.get("proximal_log_probs")
     log_ratio = log_probs - (mb["log_probs"] if proximal is None else proximal)
     ratio = torch.exp(log_ratio)
-    mask = mb.get("mask")
+    mask = mb.get("mask")  # the steps that train the value head
+    acted = mb.get("policy_mask", mask)  # and those that train the policy
     if proximal is not None:  # the surrogate's expectation is over the behaviour policy's actions
         advantages = advantages * torch.exp(proximal - mb["log_probs"])
     if cfg.with_vtrace:
@@ -144,18 +146,18 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
             mb["log_probs"], log_probs.detach(), mb["rewards"], mb["dones"], values.detach(), mb["bootstrap"],
             hp.gamma, cfg.vtrace_rho, cfg.vtrace_c)
         if cfg.normalize_advantage:
-            advantages = losses.normalize(advantages, mask)
+            advantages = losses.normalize(advantages, acted)
 
-    policy_loss = losses.ppo_policy_loss(ratio, advantages, hp.ppo_clip_ratio, mask)
+    policy_loss = losses.ppo_policy_loss(ratio, advantages, hp.ppo_clip_ratio, acted)
     norm = model.normalize_values
     value_loss = losses.clipped_value_loss(norm(values), norm(mb["values"]), norm(targets), hp.ppo_clip_value, mask)
-    entropy = losses.masked_mean(dist.entropy(), mask)
+    entropy = losses.masked_mean(dist.entropy(), acted)
     if cfg.exploration_loss == "entropy":
         exploration_loss = -entropy
     else:
-        exploration_loss = losses.masked_mean(dist.symmetric_kl_to_prior(), mask)
+        exploration_loss = losses.masked_mean(dist.symmetric_kl_to_prior(), acted)
     loss = policy_loss + hp.value_loss_coeff * value_loss + hp.exploration_loss_coeff * exploration_loss
-    kl_loss = losses.kl_penalty(log_ratio, mask)
+    kl_loss = losses.kl_penalty(log_ratio, acted)
     if cfg.kl_loss_coeff > 0:
         loss = loss + cfg.kl_loss_coeff * kl_loss
 
@@ -168,7 +170,7 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
             "exploration_loss": exploration_loss,
             "entropy": entropy,
             "kl": kl_loss,
-            "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), mask),
+            "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), acted),
             "values": losses.masked_mean(values, mask),
             "value_targets": losses.masked_mean(targets, mask),
         }

@@ -39,6 +39,9 @@ class RunResult:
     the rule of the targets (None: no full window). The sweeps score this."""
     checkpoints: dict[int, str | None] = field(default_factory=dict)
     """Per policy: its newest checkpoint at the end (None: it has none); a path under the experiment dir."""
+    faults: dict[str, int] = field(default_factory=dict)
+    """This session's faults: env errors, non-finite values set to 0, illegal actions (those an action mask did not
+    allow), worker restarts per role."""
     target: TargetReached | None = None
     """When a --target_reward or --target_objective stopped the run: the moment it was reached, with its `seconds`
     counted from the trainer process's start (so start-up is included, as a user launching it waits for it)."""
@@ -65,12 +68,13 @@ class RunResult:
                 "best_rewards": {str(p): best for p, best in self.best_rewards.items()},
                 "final_rewards": {str(p): mean for p, mean in self.final_rewards.items()},
                 "checkpoints": {str(p): path for p, path in self.checkpoints.items()},
+                "faults": dict(self.faults),
                 "target": None if self.target is None else asdict(self.target)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
         """The JSON form back; a field missing from a file written before it existed (final_rewards, checkpoints) is
-        empty. Raises ValueError for a file that is not a result."""
+        empty (faults too). Raises ValueError for a file that is not a result."""
         try:
             target = data.get("target")
             return cls(reason=data["reason"], completed=bool(data["completed"]), failed=bool(data["failed"]),
@@ -79,6 +83,7 @@ class RunResult:
                        best_rewards={int(p): best for p, best in (data.get("best_rewards") or {}).items()},
                        final_rewards={int(p): mean for p, mean in (data.get("final_rewards") or {}).items()},
                        checkpoints={int(p): path for p, path in (data.get("checkpoints") or {}).items()},
+                       faults={str(name): int(n) for name, n in (data.get("faults") or {}).items()},
                        target=None if target is None else TargetReached(**target))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a run's result: {exc!r}") from exc

@@ -38,7 +38,7 @@ from appo.sampling.episodes import EpisodeTracker
 from appo.sampling.requests import ActionRequests
 from appo.sampling.slots import SlotAllocator
 from appo.sampling.vector_stepper import VectorStepper
-from appo.spaces import SINGLE_KEY
+from appo.spaces import MASK_KEY, SINGLE_KEY
 from appo.utils.process import init_worker
 from appo.utils.timing import Timing
 from appo.workers.context import WorkerContext
@@ -205,7 +205,9 @@ class ActorWorker(WorkerRole):
         self._write_obs(s, t + 1, observations)
         traj.rewards[slots, t] = (self.episodes.add_reward_array(s, rewards) if self.batched
                                   else self.episodes.add_rewards(s, rewards))
-        self.env_steps += len(slots)
+        # A turn-based env's waiting seats make no sample: the env steps counted are the moves.
+        self.env_steps += int((traj.obs[MASK_KEY][slots, t] > 0).any(-1).sum()) if self.stepper.turn_based \
+            else len(slots)
         if ended:
             self._end_episodes(s, ended)
         split.t = t + 1
@@ -305,6 +307,7 @@ class ActorWorker(WorkerRole):
         episodes, games, nonfinite = self.episodes.take()
         self.report_queue.put(ActorReport(
             worker=self.worker, env_steps=self.env_steps, episodes=episodes, games=games, timing=self.timing.take(),
-            env_errors=self.stepper.take_errors(), nonfinite=nonfinite, state=self._state(),
+            env_errors=self.stepper.take_errors(), illegal_actions=self.stepper.take_illegal(), nonfinite=nonfinite,
+            state=self._state(),
             every_env_ended=self.episodes.every_env_ended()))
         self.env_steps = 0

@@ -21,10 +21,12 @@ import numpy as np
 
 from appo.config.cfg import env_kwargs
 from appo.envs import make_env
+from appo.envs.action_masks import ActionMasks, NoLegalAction, legal_random_action
 from appo.memory.buffers import TERMINATED, TRUNCATED
 from appo.memory.control import MAKE, NO_CALL, RESET, STEP
-from appo.spaces import to_env_action
+from appo.spaces import MASK_KEY, to_env_action
 from appo.utils.logs import log
+from appo.utils.process import FatalError
 from appo.utils.timing import Timing
 from appo.workers.context import WorkerContext
 
@@ -44,6 +46,7 @@ class EnvStepper:
         self.envs: list[list[gym.Env]] = []
         self.action_space: gym.Space | None = None
         self.plain_discrete = False  # one agent and a plain Discrete action: the fast path of `_env_actions`
+        self.turn_based = False  # a turn-based env (appo/envs/pettingzoo_turns.py): only the seat to move acts
         self.errors = 0  # env calls that raised since the last `take_errors`
         self.errors_seen: set[str] = set()  # distinct errors already logged with their traceback
 
@@ -51,6 +54,7 @@ class EnvStepper:
         self.envs = [[self._make(s, i) for i in range(self.envs_per_split)] for s in range(self.num_splits)]
         self._calling(NO_CALL, 0)
         self.action_space = self.envs[0][0].action_space
+        self.turn_based = bool(getattr(self.envs[0][0], "turn_based", False))
         self.plain_discrete = self.num_agents == 1 and isinstance(self.action_space, gym.spaces.Discrete)
 
     def _calling(self, call: int, env: int) -> None:
@@ -63,7 +67,7 @@ class EnvStepper:
 
     def _make(self, s: int, i: int) -> gym.Env:
         self._calling(MAKE, s * self.envs_per_split + i)
-        return make_env(self.cfg.env, self.env_kwargs)
+        return make_env(self.cfg.env, self.env_kwargs, action_mask=self.cfg.action_mask)
 
     # ---------------------------------------------------------------- first observations
     def first_observations(self, s: int) -> list:
@@ -87,16 +91,21 @@ class EnvStepper:
             max_steps = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
             env.action_space.seed(int(self.rng.integers(2**31)))
             for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
-                obs, _, terminated, truncated, _ = env.step(self._random_actions(env))
+                obs, _, terminated, truncated, _ = env.step(self._random_actions(env, obs))
                 if terminated or truncated:
                     obs, _ = env.reset()
                     break
         return obs
 
-    def _random_actions(self, env: gym.Env):
-        if self.num_agents == 1:
-            return env.action_space.sample()
-        return np.stack([env.action_space.sample() for _ in range(self.num_agents)])
+    def _random_actions(self, env: gym.Env, obs):
+        """Uniformly random actions, among those the observation's action mask allows where it has one."""
+        masks = obs.get(MASK_KEY) if isinstance(obs, dict) and self.cfg.action_mask != "none" else None
+        if masks is None:
+            actions = [env.action_space.sample() for _ in range(self.num_agents)]
+        else:
+            space, rows = env.action_space, np.asarray(masks).reshape(self.num_agents, -1)
+            actions = [legal_random_action(space, mask, self.rng) if mask.any() else space.sample() for mask in rows]
+        return actions[0] if self.num_agents == 1 else np.stack(actions)
 
     # ---------------------------------------------------------------- stepping
     def step(self, s: int, actions: np.ndarray) -> tuple[list, list, list[tuple[int, int, dict]]]:
@@ -125,6 +134,8 @@ class EnvStepper:
                     call[w] = RESET
                     obs, _ = env.reset()
                     call[w] = STEP
+            except NoLegalAction as exc:  # a replacement env would meet it again: the run stops, saying where
+                raise FatalError(str(exc)) from exc
             except Exception:
                 obs, reward = self._rebuild(s, i), 0.0 if a == 1 else np.zeros(a)
                 ended.append((i, TERMINATED, {}))
@@ -174,6 +185,10 @@ class EnvStepper:
         """Env calls that raised since the last call."""
         errors, self.errors = self.errors, 0
         return errors
+
+    def take_illegal(self) -> int:
+        """Actions the envs were given since the last call that their action masks did not allow."""
+        return sum(env.take_illegal() for envs in self.envs for env in envs if isinstance(env, ActionMasks))
 
     def close(self) -> None:
         for envs in self.envs:

@@ -108,7 +108,8 @@ def sweep(args: argparse.Namespace, extra: list[str]) -> int:
     if args.report and args.storage is None and not os.path.exists(os.path.join(study_dir, "study.db")):
         raise ConfigError(f"no study {name!r} in {study_dir}: run the sweep first")
     if not args.report:
-        env_info(cfg.env, env_kwargs(cfg))  # the env can be made: else every trial would fail
+        # The env can be made: else every trial would fail.
+        env_info(cfg.env, env_kwargs(cfg), action_mask=cfg.action_mask)
     os.makedirs(study_dir, exist_ok=True)  # from here on, things are created
     setup_logging()
     import optuna

@@ -98,19 +98,19 @@ def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | No
     frames, or observed as images when it cannot."""
     kwargs = episode_env_kwargs(policy.cfg)
     if video_path is None:
-        return make_env(policy.cfg.env, kwargs), None
+        return make_env(policy.cfg.env, kwargs, action_mask=policy.cfg.action_mask), None
     try:
-        env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array")
+        env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array", action_mask=policy.cfg.action_mask)
         modes = env.metadata.get("render_modes", [])
         if "rgb_array_list" in modes:
             env.close()
-            env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array_list")
+            env = make_env(policy.cfg.env, kwargs, render_mode="rgb_array_list", action_mask=policy.cfg.action_mask)
         if "rgb_array" in modes or "rgb_array_list" in modes:
             return env, Recorder(env, True, video_path, fps or video_fps(env))
         env.close()
     except TypeError:  # a make function without a render_mode argument
         pass
-    env = make_env(policy.cfg.env, kwargs)
+    env = make_env(policy.cfg.env, kwargs, action_mask=policy.cfg.action_mask)
     image = isinstance(policy.obs_space, gym.spaces.Box) and policy.obs_space.dtype == np.uint8
     if not image:
         env.close()

@@ -62,6 +62,7 @@ class SummaryWriters:
         tally = self.tally
         restarts = tally.restart_counts()
         values = {"faults/env_errors": tally.env_errors, "faults/nonfinite_values": tally.nonfinite_values,
+                  "faults/illegal_actions": tally.illegal_actions,
                   **{f"faults/restarts_{role}": restarts.get(role, 0) for role in ("actor", "inference", "learner")}}
         cluster = tally.cluster
         if cluster.report is None:

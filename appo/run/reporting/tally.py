@@ -208,9 +208,10 @@ class Tally:
         self.sampled_env_steps = 0  # this session, all policies, from the actors' reports
         self.sampled_history = CountHistory(clock, self.start, 0)
         self.env_step_history = CountHistory(clock, self.start, sum(initial_env_steps))  # for the budget's ETA
-        # Faults the run survived since it started: env exceptions and non-finite rewards and observations (set to 0);
+        # Faults the run survived since it started: env exceptions, non-finite rewards and observations (set to 0),
+        # actions that an action mask did not allow (masked sampling makes none: a count above 0 is a bug);
         # the runner sets the worker restarts per role on this machine.
-        self.env_errors = self.nonfinite_values = 0
+        self.env_errors = self.nonfinite_values = self.illegal_actions = 0
         self.restarts: dict[str, int] = {}
         self.hyperparams: list[dict[str, float]] | None = None  # set by the runner in PBT runs
         self.ratings = None  # appo.population.ratings.Ratings, set by the runner when games have several players
@@ -243,6 +244,7 @@ class Tally:
         self.period.on_actor(report, self.sampled_env_steps + report.env_steps, self.samples())
         self.sampled_env_steps += report.env_steps
         self.env_errors += report.env_errors
+        self.illegal_actions += report.illegal_actions
         self.nonfinite_values += report.nonfinite
         for episode in report.episodes:
             self.policies[episode.policy].episodes.add(episode)
@@ -285,6 +287,12 @@ class Tally:
     def samples(self) -> int:
         """Samples trained this session, all policies."""
         return sum(policy.samples for policy in self.policies)
+
+    def fault_counts(self) -> dict[str, int]:
+        """The faults of this session: env errors, non-finite values, illegal actions, worker restarts per role."""
+        return {"env_errors": self.env_errors, "nonfinite_values": self.nonfinite_values,
+                "illegal_actions": self.illegal_actions,
+                **{f"restarts_{role}": n for role, n in sorted(self.restart_counts().items())}}
 
     def restart_counts(self) -> dict[str, int]:
         """Worker restarts per role on this machine and on the cluster's nodes, and replaced sampler groups."""

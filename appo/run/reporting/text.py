@@ -79,6 +79,8 @@ class StatusText:
         tally, faults = self.tally, []
         if tally.env_errors:
             faults.append(f"env errors {tally.env_errors} (episodes lost, envs rebuilt)")
+        if tally.illegal_actions:
+            faults.append(f"illegal actions {tally.illegal_actions} (not allowed by their action masks)")
         if tally.nonfinite_values:
             faults.append(f"non-finite values {tally.nonfinite_values} (set to 0)")
         skipped = sum(policy.skipped_updates for policy in tally.policies)
