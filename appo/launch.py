@@ -202,7 +202,6 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
     except TypeError as exc:
         raise ConfigError(f"--env={cfg.env}: {exc}") from exc
-
     check_machine(cfg, info)
     for line in auto_lines:
         log.info(line)
@@ -228,7 +227,11 @@ def _apply_auto(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, En
     rules applied (`auto.apply`); returns the config, the env's info with the probe's answer, and the "auto:" lines."""
     if auto.probes_random_play(cfg, info, given):
         info = dataclasses.replace(info, random_play_terminates=random_play_terminates(cfg.env, env_kwargs(cfg)))
+    masked = cfg.action_mask
     cfg, lines = auto.apply(cfg, given, info)
+    if cfg.action_mask != masked:  # masks read from info join the observation: the spaces the model sees
+        masked_info = env_info(cfg.env, env_kwargs(cfg), action_mask=cfg.action_mask)
+        info = dataclasses.replace(info, obs_space=masked_info.obs_space)
     return cfg, info, lines
 
 

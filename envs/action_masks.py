@@ -16,6 +16,7 @@ the check applies to the seat whose turn it is, which the adapter makes itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
@@ -122,16 +123,19 @@ class ActionMasks(gym.Wrapper):
         if masks.shape[1] != sum(self.sizes):
             raise EnvError(f"--env={self.env_id}: an action mask of {masks.shape[1]} entries at step "
                            f"{self.step_in_episode} of an episode; {self.env.action_space} needs {sum(self.sizes)}")
-        if not self.turn_based:
-            self.check_allows_some(masks, self.env_id, self.step_in_episode, self.sizes)
+        if not self.turn_based:  # a PettingZoo ParallelEnv's seat whose agent has left (info["active"]) acts no more
+            active = info.get("active")
+            playing = range(len(masks)) if active is None else np.flatnonzero(active).tolist()
+            self.check_allows_some(masks, playing, self.env_id, self.step_in_episode, self.sizes)
         self.masks = masks
         return obs
 
     @staticmethod
-    def check_allows_some(masks: np.ndarray, env_id: str, step: int, sizes: list[int]) -> None:
-        """Raise NoLegalAction when a row of `masks` leaves some action part without an allowed choice."""
+    def check_allows_some(masks: np.ndarray, rows: Iterable[int], env_id: str, step: int, sizes: list[int]) -> None:
+        """Raise NoLegalAction when one of the `rows` of `masks` leaves an action part without an allowed choice."""
         offsets = np.cumsum([0, *sizes])
-        for row, mask in enumerate(masks):
+        for row in rows:
+            mask = masks[row]
             if any(not mask[start:end].any() for start, end in zip(offsets[:-1], offsets[1:])):
                 agent = f" agent {row}'s" if len(masks) > 1 else ""
                 raise NoLegalAction(f"--env={env_id}:{agent} action mask allows no action at step {step} of an "

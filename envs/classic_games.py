@@ -10,13 +10,13 @@ it returns a legal action.
   losses score higher), so games vary. It never loses.
 
 `play_games` plays whole games of the AEC env, the two players changing seats every game, and returns a `Record`
-from the first player's point of view. Measured with the CLI (pettingzoo 1.27):
+from the first player's point of view. Measured with `python -m appo.versus` (pettingzoo 1.27):
 
-    python -m appo.envs.classic_games --game connect_four --first lookahead --second random --games 1000 --seed 0
+    python -m appo.versus --game connect_four --first lookahead --second random --games 1000 --seed 0
     connect_four lookahead vs random, 1000 games (seed 0): wins 965, draws 3, losses 32, win rate 0.965, illegal 0
-    python -m appo.envs.classic_games --game tictactoe --first perfect --second random --games 1000 --seed 0
+    python -m appo.versus --game tictactoe --first perfect --second random --games 1000 --seed 0
     tictactoe perfect vs random, 1000 games (seed 0): wins 863, draws 137, losses 0, win rate 0.863, illegal 0
-    python -m appo.envs.classic_games --game tictactoe --first perfect --second perfect --games 1000 --seed 0
+    python -m appo.versus --game tictactoe --first perfect --second perfect --games 1000 --seed 0
     tictactoe perfect vs perfect, 1000 games (seed 0): wins 0, draws 1000, losses 0, win rate 0.000, illegal 0
 
 This module imports pettingzoo (an optional dependency) only when games are played.
@@ -24,10 +24,8 @@ This module imports pettingzoo (an optional dependency) only when games are play
 
 from __future__ import annotations
 
-import argparse
 import functools
 import operator
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -223,61 +221,17 @@ SCRIPTED: dict[str, tuple[Player, tuple[str, ...]]] = {
 
 
 def player_names(game: str) -> list[str]:
-    """The names `player_by_name` takes for `game`."""
+    """The names `scripted_player` takes for `game`."""
     return [name for name, (_, games) in SCRIPTED.items() if game in games]
 
 
-def player_by_name(name: str, game: str) -> Player:
-    """The player the CLI's --first / --second name; ValueError (its message names the valid values) for a name that
-    is unknown or does not play `game`.
-
-    EXTENSION POINT: a trained policy (`--first train_dir/experiment`, loading that experiment's checkpoint) is to be
-    resolved here, before the scripted names, returning a Player that maps the observation dict to the policy's
-    action. Import torch and the model inside that branch, never at the top of this module: appo.envs must stay
-    torch-free and must not import higher layers at import time (tests/test_layout.py).
-    """
+def scripted_player(name: str, game: str) -> Player:
+    """The scripted player named `name` for `game`; ValueError (its message names the valid values) for a name that is
+    unknown or does not play `game`."""
     if game not in GAMES:
         raise ValueError(f"unknown game {game!r}; choose from {', '.join(GAMES)}")
     entry = SCRIPTED.get(name)
     if entry is None or game not in entry[1]:
-        raise ValueError(f"{name!r} is not a {game} player; choose from {', '.join(player_names(game))}")
+        raise ValueError(f"{name!r} is not a {game} player; choose from {', '.join(player_names(game))}, or an "
+                         "experiment dir or checkpoint of a policy trained on it")
     return entry[0]
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, with errors on one line (no usage block) and exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The CLI: play the named players against each other and print the record on one line."""
-    parser = _OneLineParser(prog="python -m appo.envs.classic_games", description=__doc__.splitlines()[0])
-    parser.add_argument("--game", choices=GAMES, required=True)
-    parser.add_argument("--first", required=True, help="random, lookahead (connect_four), perfect (tictactoe)")
-    parser.add_argument("--second", required=True, help="as --first")
-    parser.add_argument("--games", type=_positive_int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    players = []
-    for flag in ("first", "second"):
-        try:
-            players.append(player_by_name(getattr(args, flag), args.game))
-        except ValueError as error:
-            parser.error(f"--{flag}: {error}")
-    record = play_games(args.game, players[0], players[1], args.games, args.seed)
-    print(f"{args.game} {args.first} vs {args.second}, {record.games} games (seed {args.seed}): wins {record.wins}, "
-          f"draws {record.draws}, losses {record.losses}, win rate {record.win_rate:.3f}, illegal {record.illegal}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -74,6 +74,20 @@ def differing_spaces(agents: list, observation_spaces: list[gym.Space], action_s
             f"pad_action_space_v0) in a make function")
 
 
+def seats(env: Any) -> tuple[list, gym.Space, gym.Space]:
+    """A PettingZoo env's seats (its possible agents, in order) and the observation and action space they all share;
+    EnvError when it has no agents or their spaces differ."""
+    agents = list(env.possible_agents)
+    if not agents:
+        raise EnvError("the PettingZoo env has no possible_agents")
+    observation_spaces = [env.observation_space(agent) for agent in agents]
+    action_spaces = [env.action_space(agent) for agent in agents]
+    problem = differing_spaces(agents, observation_spaces, action_spaces)
+    if problem:
+        raise EnvError(problem)
+    return agents, observation_spaces[0], action_spaces[0]
+
+
 def zeros_of(space: gym.Space) -> np.ndarray | dict[str, np.ndarray]:
     """An all-zeros observation of `space`: what a seat without an agent in play sees."""
     if isinstance(space, gym.spaces.Dict):
@@ -86,17 +100,8 @@ class PettingZooEnv(gym.Env):
 
     def __init__(self, env: Any):
         self.env = env
-        self.possible_agents = list(env.possible_agents)
-        if not self.possible_agents:
-            raise EnvError("the PettingZoo env has no possible_agents")
-        observation_spaces = [env.observation_space(agent) for agent in self.possible_agents]
-        action_spaces = [env.action_space(agent) for agent in self.possible_agents]
-        problem = differing_spaces(self.possible_agents, observation_spaces, action_spaces)
-        if problem:
-            raise EnvError(problem)
+        self.possible_agents, self.observation_space, self.action_space = seats(env)
         self.num_agents = len(self.possible_agents)
-        self.observation_space = observation_spaces[0]
-        self.action_space = action_spaces[0]
         self.metadata = dict(getattr(env, "metadata", None) or {"render_modes": []})
         self.render_mode = getattr(env, "render_mode", None)
         self._zero_obs = zeros_of(self.observation_space)

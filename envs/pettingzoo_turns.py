@@ -1,4 +1,4 @@
-"""PettingZoo AEC (turn-based) envs as the trainer's multi-agent envs: chess, go, connect four, tic-tac-toe, poker.
+"""PettingZoo AEC (turn-based) envs as the trainer's multi-agent envs: PettingZoo's classic games and the like.
 
 `appo.envs.make_env` wraps any `package.module:function` whose function returns an AECEnv in `TurnBasedEnv`, so
 `--env=pettingzoo.classic.connect_four_v3:env` trains as it is. In an AEC env one agent acts at a time (its
@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from appo.envs.action_masks import NoLegalAction
-from appo.envs.pettingzoo_env import differing_spaces, zeros_of
+from appo.envs.pettingzoo_env import seats, zeros_of
 from appo.envs.registry import EnvError
 from appo.spaces import MASK_KEY, SINGLE_KEY, SpaceError, mask_size
 
@@ -38,21 +38,12 @@ class TurnBasedEnv(gym.Env):
 
     def __init__(self, env: Any, env_id: str):
         self.env, self.env_id = env, env_id
-        self.possible_agents = list(env.possible_agents)
-        if not self.possible_agents:
-            raise EnvError("the PettingZoo env has no possible_agents")
-        observation_spaces = [env.observation_space(agent) for agent in self.possible_agents]
-        action_spaces = [env.action_space(agent) for agent in self.possible_agents]
-        problem = differing_spaces(self.possible_agents, observation_spaces, action_spaces)
-        if problem:
-            raise EnvError(problem)
+        self.possible_agents, inner, self.action_space = seats(env)
         self.num_agents = len(self.possible_agents)
-        self.action_space = action_spaces[0]
         try:
             size = mask_size(self.action_space)
         except SpaceError as exc:
             raise EnvError(f"a turn-based env's seats are told whose turn it is by an action mask: {exc}") from exc
-        inner = observation_spaces[0]
         keys = dict(inner.spaces) if isinstance(inner, gym.spaces.Dict) else {SINGLE_KEY: inner}
         self.env_gives_mask = MASK_KEY in keys
         self.observation_space = gym.spaces.Dict({**keys, MASK_KEY: gym.spaces.Box(0, 1, (size,), np.int8)})

@@ -35,7 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.spaces import MASK_KEY
+from appo.spaces import MASK_KEY, mask_size
 from appo.utils.logs import log
 
 RANDOM_PLAY_STEPS = 1000  # HalfCheetah's time limit; from seed 0 Hopper, Walker2d, Humanoid and Ant fall within 50
@@ -228,6 +228,7 @@ class EnvInfo:
     step_seconds: float | None = None  # one env step with random actions, when measured
     random_play_terminates: bool | None = None  # random actions ended an episode early, when probed
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
+    info_action_mask: bool = False  # an unmasked env's reset info holds an action mask (--action_mask=auto reads it)
 
 
 def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False,
@@ -236,13 +237,33 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
     `action_mask` reads, make_env's); with `measure_step`, also what one step costs (see measure_step_seconds)."""
     env = make_env(env_id, env_kwargs, action_mask=action_mask)
     try:
+        if getattr(env, "from_info", None) is not None:
+            env.reset(seed=0)  # a mask missing from info, or of a wrong size: one line now, not a worker crash
         num_agents = int(getattr(env, "num_agents", 1))
+        info_mask = action_mask == "auto" and num_agents == 1 and MASK_KEY not in obs_keys(env) and \
+            reset_info_has_mask(env)
         step_seconds = guarded_step_seconds(env, num_agents) if measure_step else None
         return EnvInfo(env.observation_space, env.action_space, num_agents, int(getattr(env, "frames_per_step", 1)),
                        *reward_shaping(env), step_seconds=step_seconds,
-                       shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)))
+                       shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)), info_action_mask=info_mask)
     finally:
         env.close()
+
+
+def obs_keys(env: gym.Env) -> list[str]:
+    space = env.observation_space
+    return list(space.spaces) if isinstance(space, gym.spaces.Dict) else []
+
+
+def reset_info_has_mask(env: gym.Env) -> bool:
+    """Whether a single-agent env with Discrete or MultiDiscrete actions gives an action mask of the right size in the
+    info of a reset (gymnasium's Taxi, info["action_mask"]): one reset, read by the start-up rules."""
+    try:
+        size = mask_size(env.action_space)
+        _, info = env.reset(seed=0)
+    except Exception:  # no discrete actions; or a reset that raises, which the workers will meet and report
+        return False
+    return MASK_KEY in info and np.size(info[MASK_KEY]) == size
 
 
 def guarded_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | None = None,

@@ -1,5 +1,5 @@
 """The scripted players of appo.envs.classic_games on hand-built boards and in PettingZoo's real connect four and
-tictactoe, play_games' seats and illegal-move accounting, and the CLI's errors."""
+tictactoe, play_games' seats and illegal-move accounting, and the errors of `python -m appo.versus`."""
 
 import importlib.util
 
@@ -12,13 +12,13 @@ from appo.envs.classic_games import (
     Record,
     connect_four_lookahead,
     landing_row,
-    main,
     play_games,
-    player_by_name,
     random_player,
     read_board,
+    scripted_player,
     tictactoe_perfect,
 )
+from appo.tools.versus import main, player_by_name
 
 needs_pettingzoo = pytest.mark.skipif(importlib.util.find_spec("pettingzoo") is None, reason="pettingzoo not installed")
 
@@ -208,7 +208,7 @@ def test_player_by_name():
     with pytest.raises(ValueError, match="random, lookahead"):
         player_by_name("perfect", "connect_four")
     with pytest.raises(ValueError, match="unknown game"):
-        player_by_name("random", "chess")
+        scripted_player("random", "chess")
 
 
 @pytest.mark.parametrize("argv, flag, valid", [
@@ -217,9 +217,7 @@ def test_player_by_name():
     (["--game", "chess", "--first", "random", "--second", "random"], "--game", "'connect_four', 'tictactoe'"),
 ])
 def test_cli_bad_name_exits_2_with_one_line(argv, flag, valid, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
+    assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert flag in err and valid in err

@@ -199,9 +199,25 @@ def check_tracking(results, cwd):
     assert os.path.getsize(os.path.join(cwd, "train_dir", "tracked", "learning_curve.png")) > 0
 
 
+def check_turn_based(results, cwd):
+    trained = output_of(results, "python -m appo.train --env=pettingzoo.classic.connect_four_v3:env")
+    assert "ratings: p0 Elo" in trained and "Stopped: reached --train_for_env_steps=40000" in trained, trained[-3000:]
+    exp_dir = os.path.join(cwd, "train_dir", "connect_four")
+    with open(os.path.join(exp_dir, "result.json")) as f:
+        assert json.load(f)["faults"]["illegal_actions"] == 0
+    scored = [output_of(results, "python -m appo.versus", n) for n in range(2)]
+    records = [re.search(r"win rate ([0-9.]+), illegal (\d+)", output) for output in scored]
+    assert all(record and record.group(2) == "0" for record in records), records
+    assert float(records[0].group(1)) >= 0.8  # against random play; an untrained policy wins about half
+    assert "inputs action_mask, observation;" in output_of(results, "python -m appo.export --experiment=connect_four")
+    wins = int(re.search(r"onnx policy: (\d+) wins of 20", output_of(results, "python block")).group(1))
+    assert wins >= 14, wins
+
+
 CHECKS = {"guide_custom_env.md": check_custom_env, "guide_custom_metrics.md": check_custom_metrics,
           "guide_python_api.md": check_python_api, "guide_enjoy_export.md": check_enjoy_export,
-          "guide_sweeps.md": check_sweeps, "guide_tracking.md": check_tracking}
+          "guide_sweeps.md": check_sweeps, "guide_tracking.md": check_tracking,
+          "guide_turn_based.md": check_turn_based}
 
 
 def test_every_guide_is_checked_and_linked_from_the_readme():

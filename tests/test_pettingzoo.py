@@ -11,6 +11,7 @@ import pytest
 
 from appo.envs import EnvError, make_env
 from appo.envs.pettingzoo_env import PettingZooEnv, is_aec_env, is_parallel_env
+from appo.spaces import MASK_KEY
 from tests.conftest import REPO, final_reward
 
 TINY = "tests.test_pettingzoo:make_tiny"
@@ -192,9 +193,18 @@ def test_duck_typing_tells_parallel_from_aec_and_gym_envs():
 
 
 @pytest.mark.timeout(30)
-def test_real_pettingzoo_aec_env_is_a_one_line_error():
-    with pytest.raises(EnvError, match="AEC .*use its parallel_env function"):
-        make_env("mpe2.simple_spread_v3:env")
+def test_real_pettingzoo_aec_env_is_stepped_one_agent_at_a_time():
+    """An AEC env is taken as it is (appo/envs/pettingzoo_turns.py): MPE's, whose agents act one after the other
+    before the world moves, gets a seat per agent and the mover's mask (no mask of its own: every action)."""
+    env = make_env("mpe2.simple_spread_v3:env")
+    try:
+        assert env.turn_based and env.num_agents == 3
+        obs, _ = env.reset(seed=0)
+        assert obs[MASK_KEY].tolist() == [[1] * 5, [0] * 5, [0] * 5]
+        obs, *_ = env.step([0, 0, 0])
+        assert obs[MASK_KEY].tolist() == [[0] * 5, [1] * 5, [0] * 5]
+    finally:
+        env.close()
 
 
 @pytest.mark.timeout(30)

@@ -17,6 +17,11 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   one trunk: a second CNN would double the SGD that already bounds them. (PPO's clip range at 0.2 for these tasks
   was tried and left out: docs/performance_log.md, third sitting of 2026-11-26.)
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
+- An env that gives an action mask in its reset's info (`info["action_mask"]`, gymnasium's Taxi) rather than in its
+  observation gets `--action_mask=info`: the mask then joins the observation (appo/envs/action_masks.py) and its
+  disallowed actions are never sampled. Taxi at the defaults (1M env steps, seed 0) otherwise never finished a ride
+  (a return of -200, the time limit's): illegal pick-ups and drop-offs cost 10 each, and the policy learns to avoid
+  the two actions altogether, rides included.
 - Numerics are float32 unless `--learner_bf16` or `--inference_bf16` is given: bfloat16 rounds differently, so a
   choice made by timing it would learn differently on a faster or slower CPU. Images on a CPU with native bfloat16
   (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that
@@ -65,7 +70,7 @@ from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.registry import RANDOM_PLAY_STEPS
 from appo.envs.vector import steps_batched
-from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
+from appo.spaces import action_spec, auto_encoder, encoded_spaces, gaussian_box, initial_stds, masks_actions, obs_spaces
 from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
@@ -237,8 +242,11 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
     if "ppo_epochs" in given:
         found.append(Choice({"adaptive_epochs": False}, "--ppo_epochs given: every iteration trains that many passes"))
 
+    if info.info_action_mask and cfg.action_mask == "auto":
+        found.append(Choice({"action_mask": "info"}, "the env gives an action mask in info['action_mask'] at reset: "
+                                                     "disallowed actions are never sampled"))
     if cfg.encoder == "auto":
-        for key, space in obs_spaces(info.obs_space).items():
+        for key, space in encoded_spaces(info.obs_space, masks_actions(cfg.action_mask, info.obs_space)).items():
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
     images, continuous = has_images(info), continuous_actions(info)

@@ -10,6 +10,9 @@ for a Box space) and, for a recurrent policy, the recurrent state `rnn_states` [
 - `values`: the value estimate of each row, in reward units;
 - `next_rnn_states` (recurrent policies only): the state to pass with the next step (zeros at an
   episode start).
+A policy trained with action masks (`--action_mask`) takes the mask as its `action_mask` input (float32, one 0/1
+per choice, as the env gave it): the logits of the actions it does not allow come out as float32's lowest value, so a
+softmax or an argmax over them never picks one.
 Input normalisation is part of the model. An ONNX export is checked at once: onnxruntime and PyTorch
 must agree within 1e-5 on random observations, else the file is removed and the command fails.
 """
@@ -28,7 +31,7 @@ from appo.config.cfg import ConfigError
 from appo.envs import EnvError
 from appo.learning.model import ActorCritic
 from appo.learning.trained_policy import PolicyLoadError, TrainedPolicy, command_parser, load_policy, policy_source
-from appo.spaces import obs_spaces
+from appo.spaces import MASK_KEY, obs_spaces
 from appo.utils.process import EXIT_BAD_INPUT
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -53,11 +56,15 @@ class ExportedModel(nn.Module):
 
 
 def example_inputs(policy: TrainedPolicy, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Random observations within the space (uint8 images over 0..255, floats standard normal) and, for a
-    recurrent policy, random states."""
+    """Random observations within the space (uint8 images over 0..255, floats standard normal; action masks random 0/1
+    rows that allow at least one action) and, for a recurrent policy, random states."""
     inputs = []
-    for space in obs_spaces(policy.obs_space).values():
-        if space.dtype == np.uint8:
+    for key, space in obs_spaces(policy.obs_space).items():
+        if key == MASK_KEY and policy.model.masked:
+            masks = rng.integers(0, 2, (batch, *space.shape))
+            masks[np.arange(batch), rng.integers(0, space.shape[-1], batch)] = 1
+            inputs.append(masks.astype(np.float32))
+        elif space.dtype == np.uint8:
             inputs.append(rng.integers(0, 256, (batch, *space.shape), dtype=np.uint8))
         else:
             inputs.append(rng.standard_normal((batch, *space.shape)).astype(np.float32))

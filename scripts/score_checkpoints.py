@@ -1,0 +1,65 @@
+"""Score a turn-based game's runs at given training times against scripted players: for each experiment, the checkpoint
+saved closest to each time (from the run's start, its cfg.json) plays `--games` games against each opponent
+(appo.versus, the seats alternating), and one table row per run and time gives the win rates.
+
+    python -m appo.train --env=pettingzoo.classic.connect_four_v3:env --experiment=c4_s0 --seed=0 \\
+        --train_for_seconds=1800 --save_every_sec=60 --keep_checkpoints=40 [flags]
+    python scripts/score_checkpoints.py --game connect_four --minutes 10 30 --opponents random lookahead \\
+        train_dir/c4_s0 train_dir/c4_s1 train_dir/c4_s2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+from appo.envs.classic_games import GAMES, play_games
+from appo.learning.checkpoint import checkpoint_dir, list_checkpoints, parse_name
+from appo.tools.versus import player_by_name, policy_player
+
+
+def checkpoint_at(exp_dir: str, seconds: float) -> tuple[str, float]:
+    """The checkpoint of policy 0 saved closest to `seconds` after the run started, and when it was saved."""
+    start = os.path.getmtime(os.path.join(exp_dir, "cfg.json"))
+    saved = [(path, os.path.getmtime(path) - start) for path in list_checkpoints(checkpoint_dir(exp_dir, 0))]
+    if not saved:
+        raise SystemExit(f"{exp_dir}: no checkpoint (run with --keep_checkpoints high enough to keep the early ones)")
+    return min(saved, key=lambda item: abs(item[1] - seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiments", nargs="+", help="Experiment dirs of the runs.")
+    parser.add_argument("--game", choices=GAMES, required=True)
+    parser.add_argument("--minutes", type=float, nargs="+", default=[10.0, 30.0])
+    parser.add_argument("--opponents", nargs="+", default=["random"])
+    parser.add_argument("--games", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    opponents = {name: player_by_name(name, args.game) for name in args.opponents}
+    print(f"| run | minutes | checkpoint (version, env steps) | {' | '.join(f'vs {o}' for o in opponents)} | illegal |")
+    print(f"| --- | --- | --- | {' | '.join('---' for _ in opponents)} | --- |")
+    rates: dict[tuple[float, str], list[float]] = {}
+    for minutes in args.minutes:
+        for exp_dir in args.experiments:
+            path, seconds = checkpoint_at(exp_dir, minutes * 60)
+            version, env_steps = parse_name(path)
+            player = policy_player(path)
+            records = {name: play_games(args.game, player, opponent, args.games, args.seed)
+                       for name, opponent in opponents.items()}
+            for name, record in records.items():
+                rates.setdefault((minutes, name), []).append(record.win_rate)
+            cells = " | ".join(f"{r.win_rate:.1%} ({r.wins}/{r.draws}/{r.losses})" for r in records.values())
+            illegal = sum(r.illegal for r in records.values())
+            print(f"| {os.path.basename(exp_dir.rstrip('/'))} | {seconds / 60:.1f} | v{version}, {env_steps:,} | "
+                  f"{cells} | {illegal} |", flush=True)
+    for minutes in args.minutes:
+        means = " | ".join(f"{statistics.mean(rates[(minutes, name)]):.1%}" for name in opponents)
+        print(f"| mean of {len(args.experiments)} | {minutes:g} | | {means} | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
