@@ -19,7 +19,8 @@ from appo.config.encoders import MLP, NATURE_CNN, SMALL_CNN
 
 SINGLE_KEY = "obs"
 # The observation key that holds which actions are allowed (PettingZoo's classic games, `--action_mask`): stored with
-# the observation, so a trajectory keeps the mask each action was taken under, but fed to no encoder.
+# the observation, so a trajectory keeps the mask each action was taken under. It is encoded like any key too: in a
+# turn-based game it is what tells a seat whether it is its turn (appo/envs/pettingzoo_turns.py).
 MASK_KEY = "action_mask"
 
 
@@ -39,11 +40,6 @@ def masks_actions(action_mask: str, obs_space: gym.Space) -> bool:
     """Whether a model masks its actions: `--action_mask` is not none and the observation holds a mask (make_env puts
     it there, appo/envs/action_masks.py)."""
     return action_mask != "none" and MASK_KEY in obs_spaces(obs_space)
-
-
-def encoded_spaces(space: gym.Space, masked: bool) -> dict[str, gym.spaces.Box]:
-    """The observation keys the model encodes: every key but the action mask when `masked`."""
-    return {key: s for key, s in obs_spaces(space).items() if not (masked and key == MASK_KEY)}
 
 
 def mask_size(space: gym.Space) -> int:

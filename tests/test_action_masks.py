@@ -14,7 +14,7 @@ from appo.envs import make_env
 from appo.envs.action_masks import ActionMasks, NoLegalAction, allowed, legal_random_action
 from appo.envs.registry import EnvError
 from appo.learning.model import MASKED_LOGIT, ActionDistribution, ActorCritic, masked_logits
-from appo.spaces import MASK_KEY, encoded_spaces, mask_size, masks_actions
+from appo.spaces import MASK_KEY, mask_size, masks_actions
 
 
 # ---------------------------------------------------------------------------------------------- maths
@@ -93,10 +93,8 @@ MASKED_SPACE = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (4,), np.float32),
                                 MASK_KEY: gym.spaces.Box(0, 1, (3,), np.int8)})
 
 
-def test_the_mask_key_is_encoded_only_when_masking_is_off():
+def test_masking_follows_the_flag_and_the_mask_size_the_action_space():
     assert masks_actions("auto", MASKED_SPACE) and not masks_actions("none", MASKED_SPACE)
-    assert set(encoded_spaces(MASKED_SPACE, masked=True)) == {"obs"}
-    assert set(encoded_spaces(MASKED_SPACE, masked=False)) == {"obs", MASK_KEY}
     assert mask_size(gym.spaces.MultiDiscrete([2, 3])) == 5
     with pytest.raises(TypeError, match="Discrete or MultiDiscrete"):
         mask_size(gym.spaces.Box(-1, 1, (2,)))
@@ -105,7 +103,7 @@ def test_the_mask_key_is_encoded_only_when_masking_is_off():
 def test_the_model_masks_its_policy_and_still_values_every_row():
     torch.manual_seed(0)
     model = ActorCritic(MASKED_SPACE, gym.spaces.Discrete(3), make_config(env="x"))
-    assert model.masked and set(model.trunks[0]["encoder"].encoders) == {"obs"}
+    assert model.masked and set(model.trunks[0]["encoder"].encoders) == {"obs", MASK_KEY}  # whose turn it is, too
     obs = {"obs": torch.randn(6, 4), MASK_KEY: torch.tensor([[1, 0, 0], [0, 1, 1], [1, 1, 1], [0, 0, 1],
                                                               [0, 0, 0], [1, 0, 1]])}
     params, values, _ = model.forward_step(obs, torch.zeros(6, 1))

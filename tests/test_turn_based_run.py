@@ -39,6 +39,21 @@ def test_connect_four_self_play_beats_a_random_player_without_an_illegal_move(tr
 
 
 @pytest.mark.timeout(120)
+def test_the_mover_and_the_waiting_seat_learn_their_own_values(trainer):
+    """Take-away from 2 stones: the mover wins by taking both. The same pile seen while waiting is a loss: the value
+    head tells the two apart by the mask (an input of the network), and the policy takes both stones."""
+    result = trainer.run("--env=tests.turn_envs:take_away", "--env_kwargs={\"pile\": 2}", "--experiment=take2",
+                         "--num_workers=1", "--train_for_env_steps=30000", "--seed=0", timeout=100)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    policy = load_policy(os.path.join(trainer.train_dir, "take2"))
+    pile = {"observation": torch.tensor([[1.0], [1.0]]), MASK_KEY: torch.tensor([[1, 1], [0, 0]])}
+    with torch.no_grad():
+        params, values, _ = policy.model.forward_step(pile, torch.zeros(2, policy.model.state_size))
+    assert values[0] > 0.8 and values[1] < -0.8, values
+    assert torch.softmax(params[0], -1)[1] > 0.95
+
+
+@pytest.mark.timeout(120)
 def test_pbt_ranks_connect_four_policies_by_elo(trainer):
     """Every connect four return averages 0 whoever wins: PBT ranks the two policies by the Elo of their games."""
     pytest.importorskip("pettingzoo")

@@ -70,7 +70,7 @@ from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.registry import RANDOM_PLAY_STEPS
 from appo.envs.vector import steps_batched
-from appo.spaces import action_spec, auto_encoder, encoded_spaces, gaussian_box, initial_stds, masks_actions, obs_spaces
+from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
 from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
@@ -113,6 +113,8 @@ def flag_help(name: str) -> str:
                      "(measured at start-up)")
     if name == "adaptive_epochs":
         rules.append("False when --ppo_epochs is given")
+    if name == "action_mask":
+        rules.append("info when the env's reset info holds 'action_mask' and its observation no mask")
     if name == "actor_niceness":
         rules.append(f"{COSTLY_ACTOR_NICENESS} for env steps of {COSTLY_STEP_S * 1e3:g} ms or more")
     return f" Auto, when not given: {'; '.join(rules)}." if rules else ""
@@ -246,7 +248,7 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
         found.append(Choice({"action_mask": "info"}, "the env gives an action mask in info['action_mask'] at reset: "
                                                      "disallowed actions are never sampled"))
     if cfg.encoder == "auto":
-        for key, space in encoded_spaces(info.obs_space, masks_actions(cfg.action_mask, info.obs_space)).items():
+        for key, space in obs_spaces(info.obs_space).items():
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
     images, continuous = has_images(info), continuous_actions(info)

@@ -250,9 +250,8 @@ class LearningFlags:
                         "package.module:factory.")
     action_mask: str = flag("auto", MODEL,
                             "Which actions each step allows: auto (the 'action_mask' key of a Dict observation, as "
-                            "PettingZoo's classic games give it; info when the env's reset info holds "
-                            "'action_mask'), info (info['action_mask'] of each reset and step), info:KEY (another "
-                            "info key), or none (no masking; an "
+                            "PettingZoo's classic games give it, when there is one), info (info['action_mask'] of "
+                            "each reset and step), info:KEY (another info key), or none (no masking; an "
                             "'action_mask' key is then an ordinary observation). A mask holds one 0/1 per choice of a "
                             "Discrete action, or of each part of a MultiDiscrete one, in order; disallowed actions "
                             "get probability 0 when sampling, training, evaluating and in exported models.")

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from appo.config.encoders import AUTO, IMPALA_RESNET, MLP, NATURE_CNN, REGISTERED, SMALL_CNN
 from appo.memory.buffers import rnn_size
-from appo.spaces import MASK_KEY, action_spec, auto_encoder, encoded_spaces, gaussian_box, initial_stds, masks_actions
+from appo.spaces import MASK_KEY, action_spec, auto_encoder, gaussian_box, initial_stds, masks_actions, obs_spaces
 
 ObsDict = dict[str, Tensor]
 LOG_STD_BOUNDS = (-5.0, 2.0)  # a Gaussian's log-std is clamped to these when sampled and scored
@@ -388,7 +388,7 @@ class ObsEncoder(nn.Module):
 
     def __init__(self, obs_space: gym.Space, cfg):
         super().__init__()
-        spaces = encoded_spaces(obs_space, masks_actions(cfg.action_mask, obs_space))
+        spaces = obs_spaces(obs_space)
         self.encoders = nn.ModuleDict({key: encoder_factory(cfg.encoder, s)(s, cfg) for key, s in spaces.items()})
         self.images = {key for key, s in spaces.items() if np.dtype(s.dtype) == np.uint8}
         self.out_size = sum(e.out_size for e in self.encoders.values())
@@ -425,9 +425,10 @@ class ActorCritic(nn.Module):
         self.scalar_action = isinstance(action_space, gym.spaces.Discrete)
         self.use_rnn, self.rnn_type = cfg.use_rnn, cfg.rnn_type
         self.shared = cfg.actor_critic_share_weights
-        # --action_mask: the mask key is read by the policy head (masked_logits), not encoded or normalised.
+        # --action_mask: the policy head masks its logits with the mask key (masked_logits), which is also encoded like
+        # any other: a turn-based game's seat must see whether it is its turn, or its value mixes both sides' targets.
         self.masked = masks_actions(cfg.action_mask, obs_space)
-        spaces = encoded_spaces(obs_space, self.masked)
+        spaces = obs_spaces(obs_space)
         self.obs_norms = None
         if cfg.normalize_input:
             self.obs_norms = nn.ModuleDict({key: RunningNorm(tuple(s.shape)) for key, s in spaces.items()
