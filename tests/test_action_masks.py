@@ -212,6 +212,7 @@ def test_an_env_with_a_mask_in_its_reset_info_gets_it_read_by_default():
     assert cfg.action_mask == "info"
     assert any(line.startswith("auto: --action_mask=info (the env gives an action mask in info['action_mask']")
                for line in lines), lines
+    assert "auto: encoder mlp for observation 'action_mask' (6 vector)" in lines, lines
     cfg, lines = new_experiment_defaults(["--env=Taxi-v4", "--action_mask=none"])
     assert cfg.action_mask == "none" and not any("action_mask" in line for line in lines)
     cfg, _ = new_experiment_defaults(["--env=CartPole-v1"])

@@ -64,13 +64,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from appo.config.flags import Config
 from appo.envs import EnvInfo
 from appo.envs.registry import RANDOM_PLAY_STEPS
 from appo.envs.vector import steps_batched
-from appo.spaces import action_spec, auto_encoder, gaussian_box, initial_stds, obs_spaces
+from appo.spaces import MASK_KEY, action_spec, auto_encoder, gaussian_box, initial_stds, mask_size, obs_spaces
 from appo.utils.resources import cuda_device_count
 
 COSTLY_STEP_S = 1e-4
@@ -244,11 +245,13 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
     if "ppo_epochs" in given:
         found.append(Choice({"adaptive_epochs": False}, "--ppo_epochs given: every iteration trains that many passes"))
 
+    keys = obs_spaces(info.obs_space)
     if info.info_action_mask and cfg.action_mask == "auto":
         found.append(Choice({"action_mask": "info"}, "the env gives an action mask in info['action_mask'] at reset: "
                                                      "disallowed actions are never sampled"))
+        keys[MASK_KEY] = gym.spaces.Box(0, 1, (mask_size(info.action_space),), np.int8)  # joins the observation
     if cfg.encoder == "auto":
-        for key, space in obs_spaces(info.obs_space).items():
+        for key, space in keys.items():
             name, why = auto_encoder(space)
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
     images, continuous = has_images(info), continuous_actions(info)
