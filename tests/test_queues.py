@@ -12,6 +12,7 @@ import signal
 import struct
 import time
 
+import psutil
 import pytest
 from faster_fifo import Empty
 
@@ -23,6 +24,7 @@ from appo.utils.queues import (
     make_queue,
     mutex_owner,
     release_if_held_by,
+    release_if_holder_gone,
     repair_supported,
 )
 from tests.conftest import wait_for
@@ -94,6 +96,21 @@ def test_a_queue_whose_mutex_a_dead_process_holds_is_reset_and_usable():
     assert release_if_held_by(queue, holder.pid)
     assert _finishes(_put_many, queue, 10.0)
     assert len(queue.get_many(timeout=1)) > 0
+
+
+def test_a_mutex_held_by_a_killed_process_is_released_before_a_read_even_before_it_is_reaped():
+    queue = make_queue(200_000_000)
+    holder = fork.Process(target=_hold_the_lock_often, args=(queue,))
+    holder.start()
+    wait_for(lambda: mutex_owner(queue) == holder.pid, 30, "the holder's lock", interval=0)
+    assert not release_if_holder_gone(queue)  # alive: left alone
+    os.kill(holder.pid, signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(holder.pid) or psutil.Process(holder.pid).status() == psutil.STATUS_ZOMBIE,
+             10, "the holder's death")
+    assert release_if_holder_gone(queue)  # a zombie still: the runner has not reaped it yet
+    holder.join()
+    assert _finishes(_put_many, queue, 10.0)
+    assert not release_if_holder_gone(queue)
 
 
 def test_release_leaves_a_queue_alone_when_the_dead_process_does_not_hold_it():

@@ -77,7 +77,7 @@ def test_a_mover_whose_mask_allows_nothing_stops_the_run_in_one_line(trainer):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     lines = [line for line in output.splitlines() if "allows no action" in line]
-    assert lines and "--env=tests.turn_envs:take_away: first's turn at move 3 of a game" in lines[0], output[-3000:]
+    assert lines and "--env=tests.turn_envs:take_away: second's turn at move 3 of a game" in lines[0], output[-3000:]
 
 
 @pytest.mark.timeout(150)

@@ -10,7 +10,8 @@ condition variables, none of them robust against a process that dies while using
 After a worker dies, the runner calls `release_if_held_by` for every queue (if the dead pid owns the mutex,
 the queue is reset to empty; its messages are lost, and every message in this project is a hint or a
 report that may be lost) and `forget_waiters` for the queues the dead worker read, before its
-replacement starts.
+replacement starts. Before each read of its report queue, the runner calls `release_if_holder_gone`: a worker killed
+inside a put to that queue would otherwise block the read, and the runner, before it saw the death.
 """
 
 from __future__ import annotations
@@ -130,6 +131,24 @@ def release_if_held_by(queue: Queue, pid: int) -> bool:
     lock_word = ctypes.addressof(queue.queue_obj_buffer) + layout.mutex
     _libc().syscall(_SYS_FUTEX, ctypes.c_void_p(lock_word), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
     return True
+
+
+def release_if_holder_gone(queue: Queue) -> bool:
+    """If the queue's mutex is held by a thread that has ended (a process killed inside put or get, reaped or still a
+    zombie), reset the queue as `release_if_held_by` does; returns whether it did. The runner calls it before it reads
+    its report queue: that read would otherwise lock the mutex and block forever, before the runner could learn of the
+    death and repair the queue."""
+    owner = mutex_owner(queue)
+    return owner != 0 and not _alive(owner) and release_if_held_by(queue, owner)
+
+
+def _alive(tid: int) -> bool:
+    """Whether thread (or process) `tid` still runs: its /proc entry exists and is not a zombie's."""
+    try:
+        with open(f"/proc/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def forget_waiters(queue: Queue) -> None:

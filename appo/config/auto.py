@@ -19,9 +19,9 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
 - `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
 - An env that gives an action mask in its reset's info (`info["action_mask"]`, gymnasium's Taxi) rather than in its
   observation gets `--action_mask=info`: the mask then joins the observation (appo/envs/action_masks.py) and its
-  disallowed actions are never sampled. Taxi at the defaults (1M env steps, seed 0) otherwise never finished a ride
-  (a return of -200, the time limit's): illegal pick-ups and drop-offs cost 10 each, and the policy learns to avoid
-  the two actions altogether, rides included.
+  disallowed actions are never sampled. Taxi at 1M env steps (3 seeds) went from -200 at every seed (the time limit's
+  return: illegal pick-ups and drop-offs cost 10 each, and the policy learned to avoid the two actions altogether,
+  rides included) to a mean of 7.89.
 - Numerics are float32 unless `--learner_bf16` or `--inference_bf16` is given: bfloat16 rounds differently, so a
   choice made by timing it would learn differently on a faster or slower CPU. Images on a CPU with native bfloat16
   (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that

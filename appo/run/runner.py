@@ -49,6 +49,7 @@ from appo.run.supervisor import Supervisor
 from appo.tracking import run_status
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log
+from appo.utils.queues import release_if_holder_gone
 
 SHUTDOWN_SECONDS = 8.0
 
@@ -142,6 +143,7 @@ class Runner:
                 last_summary = now
 
     def _drain_reports(self, timeout: float) -> None:
+        release_if_holder_gone(self.ctx.queues.report)  # a worker killed inside a put: else this read blocks forever
         try:
             messages = self.ctx.queues.report.get_many(timeout=timeout)
         except Empty:
