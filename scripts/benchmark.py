@@ -185,6 +185,7 @@ PUBLISHED: dict[str, list[Published]] = {
 }
 
 RESULT = "benchmark_result.json"  # a finished cell's numbers, in its experiment dir
+DEFAULT_TRAIN_DIR = os.path.join("train_dir", "benchmark")
 RESULTS = os.path.join(REPO, "docs", "benchmark_results")  # every finished cell's numbers and curve, kept in git
 CURVE_KEPT = 300  # points of a cell's learning curve kept with its numbers
 SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, commit, auto choices in force
@@ -315,6 +316,20 @@ def kept_curve(exp_dir: str) -> dict | None:
     return {"env_steps": [int(steps[i]) for i in picked], "reward": [round(float(rewards[i]), 3) for i in picked]}
 
 
+def portable(result: dict) -> dict:
+    """The cell's commands as the script run with its default --train_dir gives them: a kept file names no folder of
+    the machine that ran it."""
+    def local(text: str) -> str:
+        return re.sub(r"--train_dir=\S+", f"--train_dir={os.path.join(DEFAULT_TRAIN_DIR, result['table'])}", text)
+
+    kept = dict(result)
+    if "flags" in kept:
+        kept["flags"] = [local(flag) for flag in kept["flags"]]
+    if "command" in (kept.get("eval") or {}):
+        kept["eval"] = {**kept["eval"], "command": local(kept["eval"]["command"])}
+    return kept
+
+
 def keep(result: dict, exp_dir: str, results_dir: str) -> str:
     """Copy a finished cell's numbers and curve into the results folder (docs/benchmark_results, committed with the
     code), where the report reads them: a table outlives the machine and the train dir its cells ran in."""
@@ -322,7 +337,7 @@ def keep(result: dict, exp_dir: str, results_dir: str) -> str:
                      result.get("defaults_before"))
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json(path, {**result, "curve": kept_curve(exp_dir)})
+        write_json(path, {**portable(result), "curve": kept_curve(exp_dir)})
     return path
 
 
@@ -736,7 +751,7 @@ def main() -> int:
     parser.add_argument("--tasks", default=None, help="Comma-separated tasks of the table (Hopper or Hopper-v5); "
                                                       "default: all.")
     parser.add_argument("--seeds", type=int, default=3, help="Seeds 0..N-1 of every task.")
-    parser.add_argument("--train_dir", default="train_dir/benchmark", help="The cells' runs: TRAIN_DIR/TABLE/CELL.")
+    parser.add_argument("--train_dir", default=DEFAULT_TRAIN_DIR, help="The cells' runs: TRAIN_DIR/TABLE/CELL.")
     parser.add_argument("--out", default="docs", help="Folder for benchmarks.md and benchmarks_<table>.png.")
     parser.add_argument("--results", default=RESULTS, help="Folder where each finished cell's numbers and curve are "
                                                             "kept (committed with the code: docs/benchmark_results).")

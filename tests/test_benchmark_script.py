@@ -7,6 +7,7 @@ resumed, and `--retire_defaults` sets it apart, finished or not."""
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -107,6 +108,9 @@ def test_a_cell_is_interrupted_resumed_finished_and_then_kept(tmp_path):
         assert kept_file.name == f"{exp_dir.name}@{module('benchmark').machine_slug(result['machine'])}.json"
         kept_result = json.loads(kept_file.read_text())
         assert kept_result["final_reward"] == result["final_reward"]
+        assert str(tmp_path) not in kept_file.read_text()  # the default train dir stands in for this machine's
+        assert "--train_dir=train_dir/benchmark/mujoco-1m" in kept_result["flags"]
+        assert "--train_dir=train_dir/benchmark/mujoco-1m " in kept_result["eval"]["command"]
         curve = kept_result["curve"]
         assert 1 <= len(curve["env_steps"]) == len(curve["reward"]) <= module("benchmark").CURVE_KEPT
         assert curve["env_steps"] == sorted(curve["env_steps"]) and curve["env_steps"][-1] <= result["env_steps"]
@@ -260,6 +264,14 @@ def test_the_committed_page_is_what_the_kept_cells_give(tmp_path):
     page = benchmark.write_report(str(tmp_path / "no_runs"), benchmark.RESULTS, str(tmp_path / "out"))
     with open(page) as mine, open(os.path.join(REPO, "docs", "benchmarks.md")) as committed:
         assert mine.read() == committed.read()
+
+
+def test_the_kept_cells_name_no_folder_of_the_machine_that_ran_them():
+    benchmark = module("benchmark")
+    for path in glob.glob(os.path.join(benchmark.RESULTS, "*", "*.json")):
+        with open(path) as f:
+            text = f.read()
+        assert json.loads(text) == benchmark.portable(json.loads(text)), path
 
 
 def test_choices_differ_by_the_values_in_force_of_the_flags_a_rule_set_then_or_now():
