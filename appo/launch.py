@@ -239,8 +239,8 @@ def new_experiment_defaults(argv: list[str]) -> tuple[Config, list[str]]:
     """The config a new experiment of `python -m appo.train ARGV` would start with after the auto rules, and their
     "auto:" lines, without starting it or touching its dir: scripts/benchmark.py compares it with the choices a
     resumed run keeps in its cfg.json, so one run never mixes the defaults of two commits. The env is made and probed
-    as at start-up, but no step is timed, so the rules that follow a timing do not apply: the sampler's sizing
-    (--num_envs_per_worker, --actor_niceness: throughput, not learning) and fast batched sampling."""
+    as at start-up, but no step is timed, so the rule that follows a timing does not apply: the sampler's sizing
+    (--num_envs_per_worker, --actor_niceness: throughput, not learning)."""
     cfg, given = parse_args(argv)
     info = env_info(cfg.env, env_kwargs(cfg), measure_step=False, action_mask=cfg.action_mask)
     cfg, _, lines = _apply_auto(cfg, given, info)

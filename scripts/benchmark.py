@@ -31,10 +31,8 @@ or now, with the run's cfg.json. Where one differs the cell is refused, not resu
 flag's old and new value, what to do) and nothing of it is touched; the other cells run, and the script exits 1.
 `--retire_defaults COMMIT --tasks TASK` sets such a cell at the defaults apart (finished or not), or moving its
 experiment dir aside starts it over. The sampler's sizing (--num_envs_per_worker, --actor_niceness), which a
-start-up timing chooses, is left out: it changes throughput, not learning. The one rule where a timing sets learning
-values (fast batched sampling: sub-envs under 8 us a step) is not worked out either: it cannot apply to a table's
-task (the MuJoCo cells step gymnasium envs one by one, and their sub-envs take 24 us and more when batched; images,
-Atari's, are excluded from it).
+start-up timing chooses, is left out: it changes throughput, not learning. No rule sets a learning value from a
+timing.
 
 For each cell: the mean return of the last 100 training episodes at the budget (CleanRL's measure: the trainer's
 final status, whose mean is over the run's last `--stats_avg` episodes, a resumed session's included: the trainer
