@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         for exp_dir in args.experiments:
             path, seconds = checkpoint_at(exp_dir, minutes * 60)
             version, env_steps = parse_name(path)
-            player = policy_player(path)
+            player = policy_player(path, args.game)
             records = {name: play_games(args.game, player, opponent, args.games, args.seed)
                        for name, opponent in opponents.items()}
             for name, record in records.items():

@@ -203,6 +203,12 @@ def test_bad_mask_flags_are_one_line_errors(trainer):
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "--env=CartPole-v1: --action_mask reads info['action_mask'], which step 0 of an " \
                                 "episode lacks" in errors[0], result.stderr
+    # Taxi's mask, read by default, cannot come from a vector env's infos: refused, both ways out named
+    result = trainer.run("--env=Taxi-v4", "--batched_sampling=True", "--experiment=batched_mask", timeout=60)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert "--action_mask=info (the default where the env's reset info holds a mask): batched sampling" in errors[0]
+    assert "--batched_sampling=False, or --action_mask=none" in errors[0]
 
 
 def test_an_env_with_a_mask_in_its_reset_info_gets_it_read_by_default():

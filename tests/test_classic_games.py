@@ -229,3 +229,16 @@ def test_cli_prints_one_line(capsys):
     out = capsys.readouterr().out
     assert out.splitlines() == [
         "tictactoe perfect vs perfect, 4 games (seed 0): wins 0, draws 4, losses 0, win rate 0.000, illegal 0"]
+
+
+@needs_pettingzoo
+@pytest.mark.timeout(120)
+def test_cli_refuses_a_policy_trained_on_another_env_in_one_line(trainer, capsys):
+    done = trainer.run("--env=CartPole-v1", "--experiment=cartpole", "--serial_mode=True", "--num_workers=1",
+                       "--num_envs_per_worker=2", "--train_for_env_steps=1000")
+    assert done.returncode == 0, done.stderr[-2000:]
+    exp_dir = f"{trainer.train_dir}/cartpole"
+    assert main(["--game", "tictactoe", "--first", exp_dir, "--second", "random"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "a policy of --env=CartPole-v1 sees {'obs': (4,)}, not tictactoe's" in err

@@ -34,7 +34,7 @@ def test_connect_four_self_play_beats_a_random_player_without_an_illegal_move(tr
     with open(os.path.join(exp_dir, "selfplay", "ratings.json")) as f:
         ratings = json.load(f)
     assert "p0" in ratings["elo"] and ratings["pairs"]["p0"]  # games against the snapshots were rated
-    record = play_games("connect_four", policy_player(exp_dir), random_player, games=100, seed=1)
+    record = play_games("connect_four", policy_player(exp_dir, "connect_four"), random_player, games=100, seed=1)
     assert record.illegal == 0 and record.win_rate >= 0.8, record  # an untrained policy wins about half
 
 

@@ -145,8 +145,9 @@ def check_batched_sampling(cfg: Any, num_agents: int) -> None:
         raise ConfigError(f"--batched_sampling=True steps single-agent envs only: --env={cfg.env} has {num_agents} "
                           "agents per env; use --batched_sampling=False")
     if cfg.action_mask.startswith("info") and steps_batched(cfg.env, cfg.batched_sampling):
-        raise ConfigError(f"--action_mask={cfg.action_mask}: batched sampling steps vector envs, whose infos the "
-                          "masks are not read from; use --batched_sampling=False")
+        raise ConfigError(f"--action_mask={cfg.action_mask} (the default where the env's reset info holds a mask): "
+                          "batched sampling steps vector envs, whose infos the masks are not read from; use "
+                          "--batched_sampling=False, or --action_mask=none to sample every action")
 
 
 def check_batch(cfg: Any) -> None:

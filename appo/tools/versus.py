@@ -14,21 +14,29 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from appo.config.cfg import ConfigError, OneLineParser
 from appo.envs import EnvError
-from appo.envs.classic_games import GAMES, Player, play_games, scripted_player
+from appo.envs.classic_games import GAMES, Player, make_game_env, play_games, scripted_player
 from appo.learning.trained_policy import PolicyLoadError, load_policy
+from appo.spaces import obs_spaces
 from appo.utils.process import EXIT_BAD_INPUT
 
 
-def policy_player(source: str, deterministic: bool = True) -> Player:
+def policy_player(source: str, game: str, deterministic: bool = True) -> Player:
     """A trained policy as a player: `source` is an experiment dir (its newest checkpoint) or a checkpoint file. It
     sees what it saw in training, the mover's observation with its action mask, and plays its most likely legal move
-    (`deterministic`) or samples one."""
+    (`deterministic`) or samples one. A policy trained on another env is a PolicyLoadError."""
     policy = load_policy(source)
+    env = make_game_env(game)
+    wanted = shapes(env.observation_space(env.possible_agents[0]))
+    env.close()
+    if shapes(policy.obs_space) != wanted:
+        raise PolicyLoadError(f"{source}: a policy of --env={policy.cfg.env} sees {shapes(policy.obs_space)}, not "
+                              f"{game}'s {wanted}")
 
     def play(observation: dict[str, np.ndarray], rng: np.random.Generator) -> int:
         return int(policy.act(observation, deterministic=deterministic))
@@ -36,10 +44,14 @@ def policy_player(source: str, deterministic: bool = True) -> Player:
     return play
 
 
+def shapes(space: Any) -> dict[str, tuple[int, ...]]:
+    return {key: tuple(part.shape) for key, part in sorted(obs_spaces(space).items())}
+
+
 def player_by_name(name: str, game: str) -> Player:
     """An experiment dir or checkpoint file (`policy_player`), or a scripted player's name (ValueError, naming the
     valid values, for a name that is neither or does not play `game`)."""
-    return policy_player(name) if os.path.exists(name) else scripted_player(name, game)
+    return policy_player(name, game) if os.path.exists(name) else scripted_player(name, game)
 
 
 def positive_int(text: str) -> int:
