@@ -32,7 +32,7 @@ from appo.config.cfg import (
     save_cfg,
 )
 from appo.envs import EnvError, EnvInfo, env_info
-from appo.envs.registry import random_play_terminates
+from appo.envs.registry import noise_terminations
 from appo.envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
 from appo.hooks import Hooks
 from appo.hooks import registered as registered_hooks
@@ -223,10 +223,11 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
 
 
 def _apply_auto(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, EnvInfo, list[str]]:
-    """The auto rules at the start of a new experiment: the env's random play probed where a rule needs it, then the
+    """The auto rules at the start of a new experiment: the env's noise probed where a rule needs it, then the
     rules applied (`auto.apply`); returns the config, the env's info with the probe's answer, and the "auto:" lines."""
-    if auto.probes_random_play(cfg, info, given):
-        info = dataclasses.replace(info, random_play_terminates=random_play_terminates(cfg.env, env_kwargs(cfg)))
+    if auto.probes_noise(cfg, info, given):
+        probed = noise_terminations(cfg.env, env_kwargs(cfg), auto.narrow_stddev(info))
+        info = dataclasses.replace(info, noise_terminations=probed)
     masked = cfg.action_mask
     cfg, lines = auto.apply(cfg, given, info)
     if cfg.action_mask != masked:  # masks read from info join the observation: the spaces the model sees

@@ -35,10 +35,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.spaces import MASK_KEY, mask_size
+from appo.spaces import MASK_KEY, gaussian_box, initial_stds, mask_size
 from appo.utils.logs import log
 
-RANDOM_PLAY_STEPS = 1000  # HalfCheetah's time limit; from seed 0 Hopper, Walker2d, Humanoid and Ant fall within 50
+NOISE_PROBE_STEPS = 2000  # two of HalfCheetah's episodes; Ant's last about 300 steps at the narrow std
 SLOW_PROBE_S = 5.0  # a start-up probe that takes longer logs a line: the user sees why start-up is slow
 
 
@@ -226,7 +226,7 @@ class EnvInfo:
     reward_shaping: dict[str, float] = field(default_factory=dict)  # the env's default coefficients, if any
     reward_shaping_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # (low, high), if declared
     step_seconds: float | None = None  # one env step with random actions, when measured
-    random_play_terminates: bool | None = None  # random actions ended an episode early, when probed
+    noise_terminations: tuple[int, int | None] | None = None  # early ends under noise at std 1 and narrower, probed
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
     info_action_mask: bool = False  # an unmasked env's reset info holds an action mask (--action_mask=auto reads it)
 
@@ -314,18 +314,20 @@ def measure_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | Non
     return stepping / steps
 
 
-def random_play_terminates(env_id: str, env_kwargs: dict[str, Any] | None = None,
-                           max_steps: int = RANDOM_PLAY_STEPS) -> bool | None:
-    """Whether uniformly random actions end an episode by termination (a body that fell, a pole that dropped), not
-    by a time limit, within `max_steps` env steps from seed 0; None when making or stepping the env raises. Read at
-    start-up by a rule on the Gaussian's initial std (appo/config/auto.py), so it plays every step however long they
-    take: the answer, and the std, must not depend on how fast this machine is. Over SLOW_PROBE_S it says so, since
-    start-up waits for it."""
+def noise_terminations(env_id: str, env_kwargs: dict[str, Any] | None, narrow_std: float,
+                       max_steps: int = NOISE_PROBE_STEPS) -> tuple[int, int | None] | None:
+    """How many episodes actions of the model's initial Gaussian (centred on the action box, each dimension's std at
+    most its half width, clipped to the box) end by termination (a body that fell, a pole that dropped; not a time
+    limit) in `max_steps` env steps from seed 0: at std 1, and at `narrow_std` where std 1 ended any (else None: no
+    noise ends this env's episodes early). None when making or stepping the env raises. Read at start-up by the rule on
+    the Gaussian's initial std (appo/config/auto.py), so it plays every step however long they take: the answer, and
+    the std, must not depend on how fast this machine is. Over SLOW_PROBE_S it says so, since start-up waits for it."""
     started = time.perf_counter()
     try:
         env = make_env(env_id, env_kwargs)
         try:
-            return _terminates(env, max_steps)
+            wide = _terminations(env, 1.0, max_steps)
+            return wide, (_terminations(env, narrow_std, max_steps) if wide else None)
         finally:
             env.close()
     except Exception:
@@ -333,24 +335,33 @@ def random_play_terminates(env_id: str, env_kwargs: dict[str, Any] | None = None
     finally:
         seconds = time.perf_counter() - started
         if seconds > SLOW_PROBE_S:
-            log.info("Random play: %d steps of %s took %.1f s (to see whether random actions end its episodes early, "
-                     "for the Gaussian's initial std; the answer does not depend on the time)", max_steps, env_id,
-                     seconds)
+            log.info("Noise probe: %d steps of %s at std 1 and %g took %.1f s (to see how often noise ends its "
+                     "episodes early, for the Gaussian's initial std; the answer does not depend on the time)",
+                     max_steps, env_id, narrow_std, seconds)
 
 
-def _terminates(env: gym.Env, max_steps: int) -> bool:
-    env.reset(seed=0)
+def _terminations(env: gym.Env, std: float, max_steps: int) -> int:
+    rng = np.random.default_rng(0)
     num_agents = int(getattr(env, "num_agents", 1))
-    env.action_space.seed(0)
+    env.reset(seed=0)
+    ended = 0
     for _ in range(max_steps):
-        action = (env.action_space.sample() if num_agents == 1
-                  else [env.action_space.sample() for _ in range(num_agents)])
-        _, _, terminated, truncated, _ = env.step(action)
+        actions = [gaussian_action(env.action_space, std, rng) for _ in range(num_agents)]
+        _, _, terminated, truncated, _ = env.step(actions[0] if num_agents == 1 else actions)
         if np.any(terminated):
-            return True
-        if np.all(truncated):
+            ended += 1
+        if np.any(terminated) or np.all(truncated):
             env.reset()
-    return False
+    return ended
+
+
+def gaussian_action(space: gym.Space, std: float, rng: np.random.Generator) -> Any:
+    """An action of the untrained model's Gaussian at the scalar std `std` (appo.spaces.initial_stds), clipped."""
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(gaussian_action(part, std, rng) for part in space.spaces)
+    centre, half_width = gaussian_box(space)
+    noise = centre + initial_stds(std, half_width) * rng.standard_normal(centre.size)
+    return np.clip(noise.reshape(space.shape), space.low, space.high).astype(space.dtype)
 
 
 def reward_shaping(env: gym.Env) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:

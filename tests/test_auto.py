@@ -19,6 +19,9 @@ from tests.conftest import final_reward
 from tests.space_envs import ACTIONS, OBS
 
 VECTOR, IMAGE = OBS["vector"], OBS["image"]
+# The noise probe's answer for a task where noise ends no episode early (False), where a body falls whatever the noise
+# (True), and where the probe failed or did not run (None)
+PROBED = {False: (0, None), True: (110, 80), None: None}
 
 
 def cfg_of(*flags: str):
@@ -126,8 +129,8 @@ def test_continuous_actions_on_vectors_give_the_critic_its_own_mlp(action, separ
                                               "start at std 0.25"),
     ("vector", "unbounded", True, None, None),
     ("image", "humanoid", True, None, "17 of 17 dimensions start at std 0.4")])
-def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs, action, terminates, std, box):
-    """Continuous actions on vectors where random actions ended no episode but by a time limit: std 1/sqrt(action
+def test_continuous_actions_start_narrow_where_noise_never_ends_episodes_early(obs, action, terminates, std, box):
+    """Continuous actions on vectors where noise ended no episode but by a time limit: std 1/sqrt(action
     dimensions), so a single action keeps std 1; otherwise unchanged; a given --initial_stddev wins. A box that
     changes where the model starts its Gaussian (appo.spaces.initial_stds) is said in a line, given flag or not."""
     spaces = {"box6": gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "box1": gym.spaces.Box(-2.0, 2.0, (1,), np.float32),
@@ -135,7 +138,7 @@ def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs,
               "narrow1": gym.spaces.Box(-0.1, 0.1, (1,), np.float32),
               "one_narrow_part": gym.spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 0.5]), dtype=np.float32),
               "unbounded": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)}
-    probed = EnvInfo(OBS[obs], spaces.get(action) or ACTIONS[action], random_play_terminates=terminates)
+    probed = EnvInfo(OBS[obs], spaces.get(action) or ACTIONS[action], noise_terminations=PROBED[terminates])
     cfg, lines = auto.apply(cfg_of(), set(), probed)
     assert cfg.initial_stddev == (std or cfg_of().initial_stddev)
     narrowed = [line for line in lines if line.startswith(f"auto: --initial_stddev={std} (")]
@@ -146,25 +149,55 @@ def test_continuous_actions_start_narrow_where_random_play_never_ends_early(obs,
     assert any((box or "").replace("not 1", "not 0.8") in line for line in lines)
 
 
-def test_random_play_is_probed_only_where_the_rule_may_apply():
-    from appo.envs.registry import random_play_terminates
+@pytest.mark.parametrize("probed, narrow", [((0, None), True), ((20, 4), True), ((20, 10), True), ((20, 11), False),
+                                            ((110, 80), False), (None, False)])
+def test_the_narrow_start_where_the_wide_noise_itself_ends_the_episodes(probed, narrow):
+    """Early ends under noise at std 1 and at 1/sqrt(dims): narrow where the wide noise ends none, or at least twice
+    as many as the narrow one (Ant, 20 against 4); std 1 where a body falls whatever the noise (Walker2d, 110 and 80)
+    or the probe failed."""
+    box6 = EnvInfo(VECTOR, gym.spaces.Box(-1.0, 1.0, (6,), np.float32), noise_terminations=probed)
+    cfg, lines = auto.apply(cfg_of(), set(), box6)
+    assert cfg.initial_stddev == (0.408 if narrow else 1.0)
+    if narrow:
+        ended = "ended no episode early" if not probed[0] else f"ended {probed[0]} episodes early at std 1 and " \
+                                                               f"{probed[1]} at std 0.408"
+        assert any(line.startswith("auto: --initial_stddev=0.408 (") and ended in line for line in lines), lines
 
-    assert random_play_terminates("Pendulum-v1") is False  # a time limit of 200 steps ends every episode
-    assert random_play_terminates("InvertedPendulum-v5") is True  # the pole drops within a few steps
-    assert random_play_terminates("Pendulum-v1", max_steps=50) is False
-    assert random_play_terminates("no_such_env") is None
+
+def test_noise_is_probed_only_where_the_rule_may_apply():
+    from appo.envs.registry import noise_terminations
+
+    assert noise_terminations("Pendulum-v1", None, 0.5) == (0, None)  # a time limit of 200 steps ends every episode
+    wide, narrow = noise_terminations("InvertedPendulum-v5", None, 0.5)  # the pole drops within a few steps
+    assert wide > 100 and narrow > 0
+    assert noise_terminations("Pendulum-v1", None, 0.5, max_steps=50) == (0, None)
+    assert noise_terminations("no_such_env", None, 0.5) is None
     box = info(VECTOR, action="box")
-    assert auto.probes_random_play(cfg_of(), box, set())
-    assert not auto.probes_random_play(cfg_of(), box, {"initial_stddev"})
-    assert not auto.probes_random_play(cfg_of(), info(VECTOR), set())
-    assert not auto.probes_random_play(cfg_of(), info(IMAGE, action="box"), set())
+    assert auto.probes_noise(cfg_of(), box, set())
+    assert not auto.probes_noise(cfg_of(), box, {"initial_stddev"})
+    assert not auto.probes_noise(cfg_of(), info(VECTOR), set())
+    assert not auto.probes_noise(cfg_of(), info(IMAGE, action="box"), set())
     one_action = EnvInfo(VECTOR, gym.spaces.Box(-2.0, 2.0, (1,), np.float32))  # keeps std 1 either way
-    assert not auto.probes_random_play(cfg_of(), one_action, set())
+    assert not auto.probes_noise(cfg_of(), one_action, set())
+
+
+def test_the_noise_is_the_untrained_models_gaussian_clipped_to_the_box():
+    from appo.envs.registry import gaussian_action
+
+    rng = np.random.default_rng(0)
+    offset = gym.spaces.Box(np.array([0.9, -1.0, 2.0]), np.array([1.0, 1.0, 2.0]), dtype=np.float32)
+    samples = np.array([gaussian_action(offset, 0.5, rng) for _ in range(4000)])
+    assert np.all(samples >= offset.low) and np.all(samples <= offset.high) and samples.dtype == np.float32
+    assert abs(samples[:, 0].mean() - 0.95) < 0.005 and samples[:, 0].std() < 0.05  # centred, std its half width
+    assert abs(samples[:, 1].std() - 0.5) < 0.03  # std 0.5 on [-1, 1]: few clipped
+    assert np.all(samples[:, 2] == 2.0)  # zero width: its one value
+    parts = gym.spaces.Tuple((offset, gym.spaces.Box(-1.0, 1.0, (2,), np.float32)))
+    assert [part.shape for part in gaussian_action(parts, 1.0, rng)] == [(3,), (2,)]
 
 
 class FallingEnv(gym.Env):
     """Two continuous actions; a body that falls at step `falls_at` (None: only a time limit of 20 steps ends an
-    episode), each step taking `step_seconds`: the random-play probe on a slow and a fast machine."""
+    episode), each step taking `step_seconds`: the noise probe on a slow and a fast machine."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -188,7 +221,7 @@ def make_falling_env(**kwargs) -> FallingEnv:
 
 
 @pytest.mark.parametrize("falls_at", [15, None])
-def test_the_random_play_probe_answers_the_same_on_a_slow_machine_and_says_it_was_slow(monkeypatch, caplog,
+def test_the_noise_probe_answers_the_same_on_a_slow_machine_and_says_it_was_slow(monkeypatch, caplog,
                                                                                        falls_at):
     """The probe plays every step however long they take (no time limit that would leave std 1 on a loaded machine),
     and one that takes over SLOW_PROBE_S logs why start-up waited."""
@@ -199,14 +232,14 @@ def test_the_random_play_probe_answers_the_same_on_a_slow_machine_and_says_it_wa
     logger = logging.getLogger("appo")
     logger.addHandler(caplog.handler)  # appo's logger does not propagate once a run has set it up
     try:
-        answers = [registry.random_play_terminates("tests.test_auto:make_falling_env",
-                                                   {"falls_at": falls_at, "step_seconds": seconds}, max_steps=40)
-                   for seconds in (0.0, 0.006)]  # 0.09 s to the fall, 0.24 s in all: over the 0.05 s
+        answers = [registry.noise_terminations("tests.test_auto:make_falling_env",
+                                               {"falls_at": falls_at, "step_seconds": seconds}, 0.5, max_steps=40)
+                   for seconds in (0.0, 0.003)]  # 0.24 s in all when it falls (both stds), over the 0.05 s
     finally:
         logger.removeHandler(caplog.handler)
-    assert answers == [falls_at is not None] * 2
-    slow = {record.getMessage() for record in caplog.records if record.getMessage().startswith("Random play")}
-    assert len(slow) == 1 and "40 steps of tests.test_auto:make_falling_env took" in slow.pop()  # the slow one only
+    assert answers == [(2, 2) if falls_at else (0, None)] * 2  # falls at step 15 of each 20-step episode
+    slow = {record.getMessage() for record in caplog.records if record.getMessage().startswith("Noise probe")}
+    assert len(slow) == 1 and "40 steps of tests.test_auto:make_falling_env at std 1 and 0.5 took" in slow.pop()
 
 
 LEARNING_INDEPENDENT = {"num_envs_per_worker", "actor_niceness"}  # the sampler's sizing: a timing may set them
@@ -224,7 +257,7 @@ def test_a_slow_and_a_fast_machine_learn_with_the_same_values(monkeypatch, obs, 
     chosen = []
     for seconds in (1e-6, 0.02):
         task = dataclasses.replace(info(OBS[obs], step_seconds=seconds, action=action),
-                                   random_play_terminates=terminates)
+                                   noise_terminations=PROBED[terminates])
         cfg, _ = auto.apply(cfg_of("--device=cpu"), {"device"}, task)
         chosen.append({name: value for name, value in dataclasses.asdict(cfg).items()
                        if name not in LEARNING_INDEPENDENT})
@@ -245,7 +278,7 @@ def test_a_new_run_saves_the_narrow_start_and_a_resumed_one_keeps_it(tmp_path, m
     assert start().initial_stddev == narrow
     with open(tmp_path / "exp" / "cfg.json") as f:
         assert json.load(f)["initial_stddev"] == narrow
-    monkeypatch.setattr(launch, "random_play_terminates", lambda *args: pytest.fail("probed on resume"))
+    monkeypatch.setattr(launch, "noise_terminations", lambda *args: pytest.fail("probed on resume"))
     assert start().initial_stddev == narrow
 
 

@@ -27,20 +27,22 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that
   names the flags: on one Xeon bfloat16 ran the CNN faster, on another listing the same flags slower
   (docs/PERFORMANCE.md; scripts/bench_cnn.py measures both on this machine). On CUDA the flags do nothing.
-- Continuous actions on vectors where random actions never end an episode early (only a time limit ends them:
-  HalfCheetah, Swimmer, Pusher, Reacher; probed at start-up for RANDOM_PLAY_STEPS steps however long they take,
-  appo.envs.registry.random_play_terminates): the Gaussian starts at std 1/sqrt(action dimensions) (narrow_start), so
-  the noise vector's expected squared length is 1 at any number of dimensions, as a single action's is at the default
-  std of 1. From 6 unit noises (a third of each dimension's samples clipped at the bounds) HalfCheetah settled on a
-  slow gait at every seed (1,380 at 1M steps, 3 seeds); from std 0.5 every seed ran (4,255). A single action keeps std
-  1: MountainCarContinuous needs that noise to reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the
-  policy stopped moving). Where random actions end episodes (a body that falls: Hopper, Walker2d, Humanoid, Ant; a
-  pole that drops) the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849 over
-  5 seeds at std 0.5 against 2,823 at 1). This std, chosen or given, is the model's scalar: the model itself centres
-  the Gaussian on the action box and caps each dimension's std at its half width (appo.spaces.initial_stds), as
-  sampled actions are clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a
-  bound, std 0.4 puts 32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the
-  start.
+- Continuous actions on vectors where the noise of std 1 ends no episode early (HalfCheetah, Swimmer, Pusher, Reacher:
+  only a time limit ends them), or ends at least twice as many early as the narrow noise below would (probed at
+  start-up for NOISE_PROBE_STEPS steps of each, however long they take, appo.envs.registry.noise_terminations): the
+  Gaussian starts at std 1/sqrt(action dimensions) (narrow_start), so the noise vector's expected squared length is 1
+  at any number of dimensions, as a single action's is at the default std of 1. From 6 unit noises (a third of each
+  dimension's samples clipped at the bounds) HalfCheetah settled on a slow gait at every seed (1,380 at 1M steps, 3
+  seeds); from std 0.5 every seed ran (4,255). Ant ends 20 episodes in 2,000 steps of std 1 (it tips over or jumps out
+  of its healthy height) and 4 at std 1/sqrt(8): the wide noise itself ended its episodes, and from the narrow start
+  it reached 1,225 at 1M steps where std 1 gave 219-246. A single action keeps std 1: MountainCarContinuous needs that
+  noise to reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving). Where a body
+  falls whatever the noise (Hopper, Walker2d, Humanoid, BipedalWalker: 0.7 to 1 times as many early ends at the narrow
+  std) the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds at
+  std 0.5 against 2,823 at 1). This std, chosen or given, is the model's scalar: the model itself centres the Gaussian
+  on the action box and caps each dimension's std at its half width (appo.spaces.initial_stds), as sampled actions are
+  clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a bound, std 0.4 puts
+  32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the start.
 - Env steps of at least COSTLY_STEP_S (timed at start-up; the line gives the time): sampling limits the run. A CNN's
   forward pass costs less per observation in bigger batches, so each forward pass of an inference worker should see
   about INFERENCE_BATCH observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env)
@@ -71,7 +73,7 @@ import numpy as np
 
 from appo.config.flags import Config
 from appo.envs import EnvInfo
-from appo.envs.registry import RANDOM_PLAY_STEPS
+from appo.envs.registry import NOISE_PROBE_STEPS
 from appo.envs.vector import natively_vectorised, steps_batched
 from appo.spaces import MASK_KEY, action_spec, auto_encoder, gaussian_box, initial_stds, mask_size, obs_spaces
 from appo.utils.resources import cuda_device_count
@@ -80,6 +82,7 @@ COSTLY_STEP_S = 1e-4
 INFERENCE_BATCH = 32
 ENVS_PER_SPLIT = (4, 16)  # the bounds of that sizing
 COSTLY_ACTOR_NICENESS = 5
+NARROW_EARLY_ENDS = 0.5  # the narrow start where its noise ends at most this share of std 1's early ends
 FAST_BATCHED = {"batch_size": 512, "learning_rate": 2e-3}
 FAST_BATCHED_ENVS_PER_SPLIT = 32
 
@@ -102,8 +105,8 @@ def flag_help(name: str) -> str:
         rules.append(f"{CONTINUOUS_VECTORS[name]} for continuous (Box) actions on vector observations")
     if name == "initial_stddev":
         rules.append(f"1/sqrt(action dimensions) for continuous (Box) actions on vector observations where "
-                     f"{RANDOM_PLAY_STEPS} steps of random actions (at start-up, however long they take) end no "
-                     "episode but by a time limit")
+                     f"{NOISE_PROBE_STEPS} steps of noise at std 1 end no episode early, or end over "
+                     f"{1 / NARROW_EARLY_ENDS:g} times as many as at that std (at start-up, however long they take)")
     if name == "num_envs_per_worker":
         rules.append(f"for env steps of {COSTLY_STEP_S * 1e3:g} ms or more (measured at start-up), {INFERENCE_BATCH} / "
                      f"(actors per inference worker x agents per env) per split, within {list(ENVS_PER_SPLIT)} "
@@ -174,22 +177,33 @@ def action_dims(info: EnvInfo) -> int:
     return sum(size for _, size in action_spec(info.action_space))
 
 
-def probes_random_play(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
-    """Whether the narrow-start rule may apply, so start-up must see whether random actions end episodes early:
-    continuous actions on vectors, more than one of them, and no --initial_stddev given."""
+def probes_noise(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
+    """Whether the narrow-start rule may apply, so start-up must see how often noise ends episodes early (at std 1 and
+    `narrow_stddev`): continuous actions on vectors, more than one of them, and no --initial_stddev given."""
     return (continuous_actions(info) and not has_images(info) and action_dims(info) > 1
             and "initial_stddev" not in given)
 
 
+def narrow_stddev(info: EnvInfo) -> float:
+    """1/sqrt(action dimensions): the noise of all of them as wide as one action's at std 1."""
+    return round(1 / math.sqrt(action_dims(info)), 3)
+
+
 def narrow_start(info: EnvInfo) -> Choice | None:
-    """For continuous actions on vectors: the Gaussian's initial std where random play ended no episode early and
-    there is more than one action dimension; else None."""
+    """For continuous actions on vectors: `narrow_stddev` where the probe's noise at that std ended at most
+    NARROW_EARLY_ENDS as many episodes early as at std 1 (`info.noise_terminations`); else None."""
     dims = action_dims(info)
-    if info.random_play_terminates is not False or dims < 2:
+    if info.noise_terminations is None or dims < 2:
         return None
-    return Choice({"initial_stddev": round(1 / math.sqrt(dims), 3)},
-                  f"{dims} continuous actions on vectors, and {RANDOM_PLAY_STEPS} random actions ended no episode "
-                  f"early: the noise of all {dims} starts as wide as one action's at std 1, std 1/sqrt({dims})")
+    wide, narrow = info.noise_terminations
+    if wide and narrow > NARROW_EARLY_ENDS * wide:
+        return None
+    std = narrow_stddev(info)
+    ended = ("ended no episode early" if wide == 0 else
+             f"ended {wide} episodes early at std 1 and {narrow} at std {std:g}")
+    return Choice({"initial_stddev": std},
+                  f"{dims} continuous actions on vectors, and {NOISE_PROBE_STEPS} steps of noise {ended}: the noise "
+                  f"of all {dims} starts as wide as one action's at std 1, std 1/sqrt({dims})")
 
 
 def box_start(info: EnvInfo, stddev: float) -> Choice | None:
