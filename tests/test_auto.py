@@ -238,7 +238,7 @@ def test_the_noise_probe_answers_the_same_on_a_slow_machine_and_says_it_was_slow
     finally:
         logger.removeHandler(caplog.handler)
     assert answers == [(2, 2) if falls_at else (0, None)] * 2  # falls at step 15 of each 20-step episode
-    slow = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Noise probe")]
+    slow = {record.getMessage() for record in caplog.records if record.getMessage().startswith("Noise probe")}
     assert len(slow) == 1 and "40 steps of tests.test_auto:make_falling_env at std 1 and 0.5 took" in slow.pop()
 
 
