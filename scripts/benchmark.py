@@ -264,12 +264,14 @@ def machine() -> str:
 
 
 def commit() -> str:
-    """The checkout's commit, `+dirty` when tracked files differ from it: which code a number belongs to."""
+    """The checkout's commit, `+dirty` when tracked files other than this script's own outputs (the report, its
+    curves and the kept cells, which every finished cell rewrites) differ from it: which code a number belongs to."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/benchmark*")
+    return head + ("+dirty" if changed else "")
 
 
 def read_json(path: str, default: Any) -> Any:

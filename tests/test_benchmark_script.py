@@ -359,3 +359,26 @@ def test_a_short_cell_is_not_resumed_once_the_rules_choose_otherwise(tmp_path, m
                                                                                      "start it over")
     assert {path: path.read_bytes() for path in (tmp_path / "runs").rglob("*") if path.is_file()} == files
     assert processes_mentioning(str(tmp_path / "runs")) == []
+
+
+def test_the_commit_is_dirty_for_changed_code_not_for_the_scripts_own_outputs(tmp_path, monkeypatch):
+    benchmark = module("benchmark")
+    monkeypatch.setattr(benchmark, "REPO", str(tmp_path))
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "docs" / "benchmark_results").mkdir(parents=True)
+    for name in ("code.py", "docs/benchmarks.md", "docs/benchmarks_mujoco-1m.png", "docs/benchmark_results/a.json"):
+        (tmp_path / name).write_text("old")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    clean = benchmark.commit()
+    assert "+" not in clean and len(clean) >= 7
+    for name in ("docs/benchmarks.md", "docs/benchmarks_mujoco-1m.png", "docs/benchmark_results/a.json"):
+        (tmp_path / name).write_text("new")  # what a finished cell rewrites
+    assert benchmark.commit() == clean
+    (tmp_path / "code.py").write_text("new")
+    assert benchmark.commit() == clean + "+dirty"
