@@ -35,14 +35,15 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   dimension's samples clipped at the bounds) HalfCheetah settled on a slow gait at every seed (1,380 at 1M steps, 3
   seeds); from std 0.5 every seed ran (4,255). Ant ends 20 episodes in 2,000 steps of std 1 (it tips over or jumps out
   of its healthy height) and 4 at std 1/sqrt(8): the wide noise itself ended its episodes, and from the narrow start
-  it reached 1,225 at 1M steps where std 1 gave 219-246. A single action keeps std 1: MountainCarContinuous needs that
-  noise to reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving). Where a body
-  falls whatever the noise (Hopper, Walker2d, Humanoid, BipedalWalker: 0.7 to 1 times as many early ends at the narrow
-  std) the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849 over 5 seeds at
-  std 0.5 against 2,823 at 1). This std, chosen or given, is the model's scalar: the model itself centres the Gaussian
-  on the action box and caps each dimension's std at its half width (appo.spaces.initial_stds), as sampled actions are
-  clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a bound, std 0.4 puts
-  32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the start.
+  it reached 1,238 at 1M steps (3 seeds) where std 1 gave 219. A single action keeps std 1: MountainCarContinuous
+  needs that noise to reach its goal at all (from std 0.5 no seed of 3 did in 300 s, and the policy stopped moving).
+  Where a body falls whatever the noise (Hopper, Walker2d, Humanoid, BipedalWalker: 0.7 to 1 times as many early ends
+  at the narrow std) the std stays 1: from a narrow start Hopper learned to stand still for the alive bonus (1,849
+  over 5 seeds at std 0.5 against 2,823 at 1). This std, chosen or given, is the model's scalar: the model itself
+  centres the Gaussian on the action box and caps each dimension's std at its half width (appo.spaces.initial_stds),
+  as sampled actions are clipped to the box: std 1 on Humanoid's [-0.4, 0.4] puts 69% of each dimension's samples on a
+  bound, std 0.4 puts 32%, as std 1 does on [-1, 1]. `box_start` says so in an auto line where the box changes the
+  start.
 - Env steps of at least COSTLY_STEP_S (timed at start-up; the line gives the time): sampling limits the run. A CNN's
   forward pass costs less per observation in bigger batches, so each forward pass of an inference worker should see
   about INFERENCE_BATCH observations: a split gets INFERENCE_BATCH / (actors per inference worker x agents per env)
