@@ -342,11 +342,12 @@ def noise_terminations(env_id: str, env_kwargs: dict[str, Any] | None, narrow_st
 
 def _terminations(env: gym.Env, std: float, max_steps: int) -> int:
     rng = np.random.default_rng(0)
+    sample = gaussian_sampler(env.action_space, std)
     num_agents = int(getattr(env, "num_agents", 1))
     env.reset(seed=0)
     ended = 0
     for _ in range(max_steps):
-        actions = [gaussian_action(env.action_space, std, rng) for _ in range(num_agents)]
+        actions = [sample(rng) for _ in range(num_agents)]
         _, _, terminated, truncated, _ = env.step(actions[0] if num_agents == 1 else actions)
         if np.any(terminated):
             ended += 1
@@ -355,13 +356,16 @@ def _terminations(env: gym.Env, std: float, max_steps: int) -> int:
     return ended
 
 
-def gaussian_action(space: gym.Space, std: float, rng: np.random.Generator) -> Any:
-    """An action of the untrained model's Gaussian at the scalar std `std` (appo.spaces.initial_stds), clipped."""
+def gaussian_sampler(space: gym.Space, std: float) -> Callable[[np.random.Generator], Any]:
+    """Actions of the untrained model's Gaussian at the scalar std `std` (appo.spaces.initial_stds), clipped to the
+    box; the box is read once, not at every action."""
     if isinstance(space, gym.spaces.Tuple):
-        return tuple(gaussian_action(part, std, rng) for part in space.spaces)
+        parts = [gaussian_sampler(part, std) for part in space.spaces]
+        return lambda rng: tuple(sample(rng) for sample in parts)
     centre, half_width = gaussian_box(space)
-    noise = centre + initial_stds(std, half_width) * rng.standard_normal(centre.size)
-    return np.clip(noise.reshape(space.shape), space.low, space.high).astype(space.dtype)
+    stds = initial_stds(std, half_width)
+    return lambda rng: np.clip((centre + stds * rng.standard_normal(centre.size)).reshape(space.shape),
+                               space.low, space.high).astype(space.dtype)
 
 
 def reward_shaping(env: gym.Env) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:

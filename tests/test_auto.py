@@ -182,17 +182,18 @@ def test_noise_is_probed_only_where_the_rule_may_apply():
 
 
 def test_the_noise_is_the_untrained_models_gaussian_clipped_to_the_box():
-    from appo.envs.registry import gaussian_action
+    from appo.envs.registry import gaussian_sampler
 
     rng = np.random.default_rng(0)
     offset = gym.spaces.Box(np.array([0.9, -1.0, 2.0]), np.array([1.0, 1.0, 2.0]), dtype=np.float32)
-    samples = np.array([gaussian_action(offset, 0.5, rng) for _ in range(4000)])
+    sample = gaussian_sampler(offset, 0.5)
+    samples = np.array([sample(rng) for _ in range(4000)])
     assert np.all(samples >= offset.low) and np.all(samples <= offset.high) and samples.dtype == np.float32
     assert abs(samples[:, 0].mean() - 0.95) < 0.005 and samples[:, 0].std() < 0.05  # centred, std its half width
     assert abs(samples[:, 1].std() - 0.5) < 0.03  # std 0.5 on [-1, 1]: few clipped
     assert np.all(samples[:, 2] == 2.0)  # zero width: its one value
     parts = gym.spaces.Tuple((offset, gym.spaces.Box(-1.0, 1.0, (2,), np.float32)))
-    assert [part.shape for part in gaussian_action(parts, 1.0, rng)] == [(3,), (2,)]
+    assert [part.shape for part in gaussian_sampler(parts, 1.0)(rng)] == [(3,), (2,)]
 
 
 class FallingEnv(gym.Env):
