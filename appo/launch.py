@@ -244,8 +244,8 @@ def new_experiment_defaults(argv: list[str]) -> tuple[Config, list[str]]:
     (--num_envs_per_worker, --actor_niceness: throughput, not learning)."""
     cfg, given = parse_args(argv)
     info = env_info(cfg.env, env_kwargs(cfg), measure_step=False, action_mask=cfg.action_mask)
-    cfg, _, lines = _apply_auto(cfg, given, info)
-    return cfg, lines
+    cfg, info, lines = _apply_auto(cfg, given, info)
+    return resolve(cfg, info.num_agents), lines  # resolved, as cfg.json keeps it
 
 
 def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:

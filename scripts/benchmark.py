@@ -27,12 +27,12 @@ whose maximum is 21): its cells stop once the mean of the last 100 episodes reac
 A run never mixes the defaults of two commits: a resumed run keeps the auto choices in its cfg.json, so before
 resuming a cell the script works out what today's rules choose for a new run of the same command (the env made and
 probed, nothing timed: `appo.launch.new_experiment_defaults`) and compares the values of every flag a rule set, then
-or now, with the run's cfg.json. Where one differs the cell is refused, not resumed, in one line (the cell, each
-flag's old and new value, what to do) and nothing of it is touched; the other cells run, and the script exits 1.
-`--retire_defaults COMMIT --tasks TASK` sets such a cell at the defaults apart (finished or not), or moving its
-experiment dir aside starts it over. The sampler's sizing (--num_envs_per_worker, --actor_niceness), which a
-start-up timing chooses, is left out: it changes throughput, not learning. No rule sets a learning value from a
-timing.
+or now, and of every model and learning flag (a plain default that changed), with the run's cfg.json. Where one
+differs the cell is refused, not resumed, in one line (the cell, each flag's old and new value, what to do) and
+nothing of it is touched; the other cells run, and the script exits 1. `--retire_defaults COMMIT --tasks TASK` sets
+such a cell at the defaults apart (finished or not), or moving its experiment dir aside starts it over. The sampler's
+sizing (--num_envs_per_worker, --actor_niceness), which a start-up timing chooses, is left out: it changes
+throughput, not learning. No rule sets a learning value from a timing.
 
 For each cell: the mean return of the last 100 training episodes at the budget (CleanRL's measure: the trainer's
 final status, whose mean is over the run's last `--stats_avg` episodes, a resumed session's included: the trainer
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -67,6 +68,7 @@ import psutil
 
 from appo.config.auto import cpu_has_bf16
 from appo.config.cfg import Config, saved_config
+from appo.config.flags import LEARNING, MODEL
 from appo.launch import new_experiment_defaults
 from appo.learning.checkpoint import newest_checkpoints, parse_name
 from appo.run.reporting.formatting import duration, si
@@ -189,6 +191,7 @@ CURVE_KEPT = 300  # points of a cell's learning curve kept with its numbers
 SEGMENTS = "benchmark_segments.json"  # each sitting of a cell: start, end, commit, auto choices in force
 # Auto choices a start-up timing makes: they size the sampler, not the learning (a resume across them mixes nothing)
 THROUGHPUT_FLAGS = frozenset({"num_envs_per_worker", "actor_niceness"})
+LEARNING_FLAGS = frozenset(f.name for f in dataclasses.fields(Config) if f.metadata["flag"].group in (MODEL, LEARNING))
 AUTO_FLAGS = re.compile(r"auto: ((?:--\w+=\S+ )+)\(")  # the flags of an "auto: --a=1 --b=2 (why)" line
 STATS_AVG = 100  # episodes in the final mean return (CleanRL-style "last 100 episodes")
 CURVE_POINTS = 500_000  # env steps per second of summaries interval: a few hundred points a run, 1 to 30 s apart
@@ -430,10 +433,11 @@ def auto_in_force(exp_dir: str) -> dict[str, str]:
 def changed_choices(saved: Config, chosen_then: dict[str, str], today: Config, chosen_now: dict[str, str]
                     ) -> dict[str, tuple[Any, Any]]:
     """{flag: (saved value, today's)} for each flag an auto rule set, when the run started (`chosen_then`) or by
-    today's rules (`chosen_now`), whose value in the run's cfg.json (`saved`) is not the one a new experiment gets
-    today. Values are compared, not rules: a rule that now gives the value an older rule gave changes nothing. The
-    sampler's sizing (THROUGHPUT_FLAGS) is left out: a timing sets it, and it changes throughput, not learning."""
-    names = sorted((chosen_then.keys() | chosen_now.keys()) - THROUGHPUT_FLAGS)
+    today's rules (`chosen_now`), and each model and learning flag (a default that changed: `--adaptive_epochs` at
+    2026-11-28), whose value in the run's cfg.json (`saved`) is not the one a new experiment gets today. Values are
+    compared, not rules: a rule that now gives the value an older rule gave changes nothing. The sampler's sizing
+    (THROUGHPUT_FLAGS) is left out: a timing sets it, and it changes throughput, not learning."""
+    names = sorted((chosen_then.keys() | chosen_now.keys() | LEARNING_FLAGS) - THROUGHPUT_FLAGS)
     values = {name: (getattr(saved, name, None), getattr(today, name, None)) for name in names}
     return {name: (then, now) for name, (then, now) in values.items() if then != now}
 
@@ -449,8 +453,8 @@ def refusal(cell: Cell) -> str | None:
         return None
     flags = ", ".join(f"--{name}={then}, today {now}" for name, (then, now) in changed.items())
     retire = (f"set it apart with `python scripts/benchmark.py {cell.table} --tasks {short_name(cell.env)} "
-              "--retire_defaults COMMIT` (COMMIT: the one that changed the rule), or " if not cell.variant else "")
-    return (f"{cell.table} {cell.name}: not resumed: it started at auto choices today's rules no longer make ({flags}) "
+              "--retire_defaults COMMIT` (COMMIT: the one that changed them), or " if not cell.variant else "")
+    return (f"{cell.table} {cell.name}: not resumed: it started at defaults a new run no longer gets ({flags}) "
             f"and a resumed run keeps them; {retire}move {cell.exp_dir} aside to start it over")
 
 

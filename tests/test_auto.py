@@ -36,9 +36,7 @@ def test_vector_observations_and_cheap_steps_keep_the_defaults():
     cfg, defaults = cfg_of(), cfg_of()
     cfg, lines = auto.apply(cfg, set(), info(VECTOR))
     assert cfg == defaults
-    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)",
-                     "auto: up to 4 passes per iteration, fewer while the sampler has the next iteration's "
-                     "trajectories in (--adaptive_epochs; the status line shows them)"]
+    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
 
 
 def test_images_train_each_sample_once_unless_told_otherwise():
@@ -52,14 +50,12 @@ def test_images_train_each_sample_once_unless_told_otherwise():
     assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
 
 
-def test_given_epochs_are_trained_every_iteration():
-    assert cfg_of().adaptive_epochs
-    cfg, lines = auto.apply(cfg_of("--ppo_epochs=2"), {"ppo_epochs"}, info(VECTOR))
-    assert (cfg.ppo_epochs, cfg.adaptive_epochs) == (2, False)
-    assert "auto: --adaptive_epochs=False (--ppo_epochs given: every iteration trains that many passes)" in lines
-    flags = ("--ppo_epochs=2", "--adaptive_epochs=True")
-    cfg, lines = auto.apply(cfg_of(*flags), {"ppo_epochs", "adaptive_epochs"}, info(VECTOR))
-    assert cfg.adaptive_epochs and not any("--adaptive_epochs=False" in line for line in lines)
+def test_passes_follow_the_machine_only_when_asked_and_then_say_so():
+    cfg, lines = auto.apply(cfg_of(), set(), info(VECTOR))
+    assert not cfg.adaptive_epochs and not any("passes" in line for line in lines)
+    cfg, lines = auto.apply(cfg_of("--adaptive_epochs=True"), {"adaptive_epochs"}, info(VECTOR))
+    assert cfg.adaptive_epochs
+    assert any("up to 4 passes" in line and "follow this machine's speed" in line for line in lines)
 
 
 @pytest.mark.parametrize("device,gpus,native,given,hint", [
@@ -310,9 +306,7 @@ def test_a_multi_agent_env_counts_each_agent_as_an_observation_of_the_batch(agen
 def test_given_envs_per_worker_win_over_the_step_cost():
     cfg, lines = auto.apply(cfg_of("--num_envs_per_worker=6", "--actor_niceness=0"),
                             {"num_envs_per_worker", "actor_niceness"}, info(VECTOR, step_seconds=5e-4))
-    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)",
-                     "auto: up to 4 passes per iteration, fewer while the sampler has the next iteration's "
-                     "trajectories in (--adaptive_epochs; the status line shows them)"]
+    assert lines == ["auto: encoder mlp for observation 'obs' (5 vector)"]
     assert (cfg.num_envs_per_worker, cfg.actor_niceness) == (6, 0)
 
 

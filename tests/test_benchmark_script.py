@@ -2,8 +2,8 @@
 trained checkpoint, resumed by the same command and finished (result file, Markdown row, curves), kept by a third
 run that starts no trainer, and reported again from the results folder alone once its train dir is gone; the
 report's rows (per run and kind of machine, pooled records, cells of defaults since changed) and a hard-cut
-segment's end from recorded results; a cell whose run started at auto choices today's rules no longer make is not
-resumed, and `--retire_defaults` sets it apart, finished or not."""
+segment's end from recorded results; a cell whose run started at auto choices or defaults a new run no longer gets
+is not resumed, and `--retire_defaults` sets it apart, finished or not."""
 
 import contextlib
 import dataclasses
@@ -300,6 +300,10 @@ def test_choices_differ_by_the_values_in_force_of_the_flags_a_rule_set_then_or_n
     assert benchmark.changed_choices(today, then, today, now) == {}  # values, not rules: the same values mix nothing
     newer = dataclasses.replace(today, learning_rate=0.0003)  # a rule of today's that changed a value
     assert benchmark.changed_choices(today, then, newer, now) == {"learning_rate": (0.0005, 0.0003)}
+    older = dataclasses.replace(today, adaptive_epochs=True, batch_size=64)  # plain defaults that changed since
+    assert benchmark.changed_choices(older, {}, today, {}) == {"adaptive_epochs": (True, False),
+                                                               "batch_size": (64, 256)}
+    assert benchmark.changed_choices(dataclasses.replace(today, num_workers=7, seed=3), {}, today, {}) == {}
 
 
 def test_a_cell_started_at_other_auto_choices_is_refused_whole_and_can_be_set_apart(tmp_path, capsys):
@@ -323,10 +327,10 @@ def test_a_cell_started_at_other_auto_choices_is_refused_whole_and_can_be_set_ap
 
     assert benchmark.run_cell(cell, 1, results) == "refused"
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == (f"mujoco-1m HalfCheetah_0: not resumed: it started at auto choices today's rules no longer make "
+    assert line == (f"mujoco-1m HalfCheetah_0: not resumed: it started at defaults a new run no longer gets "
                     f"(--initial_stddev=0.5, today 0.408) and a resumed run keeps them; set it apart with `python "
                     f"scripts/benchmark.py mujoco-1m --tasks HalfCheetah --retire_defaults COMMIT` (COMMIT: the one "
-                    f"that changed the rule), or move {cell.exp_dir} aside to start it over")
+                    f"that changed them), or move {cell.exp_dir} aside to start it over")
     assert {name: (tmp_path / "runs" / "mujoco-1m" / cell.name / name).read_bytes()
             for name in os.listdir(cell.exp_dir)} == before
 

@@ -34,17 +34,21 @@ def passes_and_updates(learner) -> tuple[float, int]:
     return learner.counters.stats["epochs"][-1], learner.policy.train_steps
 
 
-def test_with_time_to_spare_every_pass_is_trained(rig):
+@pytest.mark.parametrize("rig", [("--adaptive_epochs=True",)], indirect=True)
+def test_adaptive_with_time_to_spare_every_pass_is_trained(rig):
     assert passes_and_updates(train_once(rig, next_iteration_in=False)) == (4.0, 4)
 
 
-def test_once_the_next_iteration_is_in_the_learner_stops_after_the_first_pass(rig):
+@pytest.mark.parametrize("rig", [("--adaptive_epochs=True",)], indirect=True)
+def test_adaptive_once_the_next_iteration_is_in_the_learner_stops_after_the_first_pass(rig):
     assert passes_and_updates(train_once(rig, next_iteration_in=True)) == (1.0, 1)
 
 
-@pytest.mark.parametrize("rig", [("--adaptive_epochs=False",)], indirect=True)
-def test_without_adaptive_epochs_every_pass_is_trained(rig):
-    assert passes_and_updates(train_once(rig, next_iteration_in=True)) == (4.0, 4)
+@pytest.mark.parametrize("next_iteration_in", [False, True])
+def test_by_default_every_pass_is_trained_however_fast_the_sampler(rig, next_iteration_in):
+    """The passes are a learning value: the same on a machine whose sampler is ahead of the learner as on one where
+    it is behind."""
+    assert passes_and_updates(train_once(rig, next_iteration_in=next_iteration_in)) == (4.0, 4)
 
 
 def test_the_linear_schedule_decays_the_learning_rate_to_zero_at_the_budget():

@@ -16,7 +16,6 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   still (1,000 steps of alive bonus), with two trunks seeds 0 and 1 hopped to over 3,000 at 1M steps. Images keep
   one trunk: a second CNN would double the SGD that already bounds them. (PPO's clip range at 0.2 for these tasks
   was tried and left out: docs/performance_log.md, third sitting of 2026-11-26.)
-- `--ppo_epochs` given: the user asked for that many passes, so every iteration trains them (`--adaptive_epochs=False`).
 - An env that gives an action mask in its reset's info (`info["action_mask"]`, gymnasium's Taxi) rather than in its
   observation gets `--action_mask=info`: the mask then joins the observation (appo/envs/action_masks.py) and its
   disallowed actions are never sampled. Taxi at 1M env steps (3 seeds) went from -200 at every seed (the time limit's
@@ -117,8 +116,6 @@ def flag_help(name: str) -> str:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         rules.append(f"{shown} with batched sampling of a natively vectorised env (EnvPool, a gymnasium vector "
                      "entry point) on vector observations")
-    if name == "adaptive_epochs":
-        rules.append("False when --ppo_epochs is given")
     if name == "action_mask":
         rules.append("info when the env's reset info holds 'action_mask' and its observation no mask")
     if name == "actor_niceness":
@@ -258,9 +255,6 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
     """Every rule that applies to this env and these given flags (names), with the values it would set (given flags
     not yet removed)."""
     found = []
-    if "ppo_epochs" in given:
-        found.append(Choice({"adaptive_epochs": False}, "--ppo_epochs given: every iteration trains that many passes"))
-
     keys = obs_spaces(info.obs_space)
     if info.info_action_mask and cfg.action_mask == "auto":
         found.append(Choice({"action_mask": "info"}, "the env gives an action mask in info['action_mask'] at reset: "
@@ -310,5 +304,6 @@ def apply(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, list[str
     cfg = dataclasses.replace(cfg, **values)
     if cfg.adaptive_epochs and cfg.ppo_epochs > 1:
         lines.append(Choice({}, f"up to {cfg.ppo_epochs} passes per iteration, fewer while the sampler has the next "
-                                "iteration's trajectories in (--adaptive_epochs; the status line shows them)").line())
+                                "iteration's trajectories in: the passes follow this machine's speed "
+                                "(--adaptive_epochs; the status line shows them)").line())
     return cfg, lines

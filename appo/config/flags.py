@@ -288,11 +288,13 @@ class LearningFlags:
                                           "many fresh samples.", aliases=("num_batches_per_epoch",), valid="[1, inf)")
     ppo_epochs: int = flag(4, LEARNING, "Passes (epochs) over each iteration's samples; with --adaptive_epochs the "
                            "most an iteration trains.", aliases=("num_epochs",), valid="[1, inf)")
-    adaptive_epochs: bool = flag(True, LEARNING,
+    adaptive_epochs: bool = flag(False, LEARNING,
                                  "Train the passes after the first only while the next iteration's trajectories are "
                                  "not all in: a learner slower than the sampler trains fewer passes instead of holding "
-                                 "it back, one with time to spare trains all --ppo_epochs. The passes trained show in "
-                                 "the status line and summaries (learner/epochs). False: always --ppo_epochs.")
+                                 "it back. Faster by the clock where the learner is the limit, but the passes then "
+                                 "follow the machine's speed, so the same command learns differently on a faster, "
+                                 "slower or busier machine. The passes trained show in the status line and summaries "
+                                 "(learner/epochs). False: always --ppo_epochs.")
     num_minibatches_to_accumulate: int = flag(2, LEARNING,
                                               "When more minibatches than this wait at a learner, actors pause "
                                               "collecting for that policy.", valid="[1, inf)")
