@@ -368,7 +368,7 @@ def retire_defaults(train_dir: str, results_dir: str, table: str, envs: list[str
             write_json(kept_path(results_dir, table, result["experiment"], result["machine"], commit), result)
             os.remove(path)
             retired += 1
-    names = re.compile("|".join(re.escape(short_name(env)) for env in envs) + r"_\d+")  # a cell at the defaults
+    names = re.compile(f"(?:{'|'.join(re.escape(short_name(env)) for env in envs)})_\\d+")  # a cell at the defaults
     moved = 0
     for exp_dir in sorted(glob.glob(os.path.join(train_dir, table, "*"))):
         if not names.fullmatch(os.path.basename(exp_dir)):

@@ -229,6 +229,9 @@ def test_cells_of_changed_defaults_are_set_apart_and_the_new_defaults_run_under_
         "Walker2d_2~defaults-before-def5678"]
     assert os.listdir(f"{unfinished}~defaults-before-def5678") == [benchmark.SEGMENTS]  # set apart, not lost
     assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Walker2d-v5"], "9999999") == (0, 0)  # once only
+    os.makedirs(os.path.join(runs, "mujoco-1m", "Hopper_0"))  # every task named, the first as well as the last
+    assert benchmark.retire_defaults(runs, results, "mujoco-1m", ["Hopper-v5", "Walker2d-v5"], "abc1234") == (1, 1)
+    assert os.path.isdir(os.path.join(runs, "mujoco-1m", "Hopper_0~defaults-before-abc1234"))
 
     # A new cell at the defaults is not taken for a kept one, and the old train dirs are not kept again as it.
     new = benchmark.Cell("mujoco-1m", "Walker2d-v5", 0, (), 1.0, runs)
