@@ -14,48 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-from appo.envs import env_info
-from appo.tools.raw_limit import env_steps_for, plain_process_steps, raw_limit, sampler_only_fps
-
-
-def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: int, seconds: float, start_at: float,
-                      counts, index: int) -> None:
-    """One plain process: `num_splits` vectorised envs of `num_envs / num_splits` sub-envs, stepped in turn with
-    random actions (drawn up front: the sampler's actions come from inference, not from the actor)."""
-    from gymnasium.vector.utils import batch_space
-    from threadpoolctl import threadpool_limits
-
-    from appo.envs.vector import make_vector_env
-    from appo.sampling.vector_stepper import to_env_actions
-
-    threadpool_limits(1)
-    per_split = num_envs // num_splits
-    envs = [make_vector_env(env_id, per_split, env_kwargs, seed=(index * num_splits + s) * per_split)
-            for s in range(num_splits)]
-    space = batch_space(envs[0].single_action_space, per_split)
-    space.seed(index)
-    actions = [to_env_actions(envs[0].single_action_space, space.sample()) for _ in range(16)]
-    for env in envs:
-        env.reset()
-    time.sleep(max(0.0, start_at - time.time()))
-    steps, deadline = 0, time.time() + seconds
-    while time.time() < deadline:
-        for env in envs:
-            env.step(actions[steps % len(actions)])
-        steps += num_envs
-    counts[index] = steps
-    for env in envs:
-        env.close()
-
-
-def vector_raw_limit(env_id: str, num_processes: int, num_envs: int, num_splits: int, seconds: float,
-                     env_kwargs: dict) -> float:
-    """Env frames per second of `num_processes` plain processes stepping the vectorised envs of one worker each."""
-    steps = plain_process_steps(_step_vector_envs, (env_id, env_kwargs, num_envs, num_splits, seconds), num_processes,
-                                start_delay=2.0 + 0.1 * num_processes)
-    return steps * env_info(env_id, env_kwargs).frames_per_step / seconds
+from appo.tools.raw_limit import env_steps_for, raw_limit, sampler_only_fps, vector_raw_limit
 
 
 def main() -> None:

@@ -5,12 +5,15 @@ import os
 import subprocess
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from appo.config.cfg import parse_config
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
 from appo.messages import ActorReport
 from appo.run.reporting import TIME_SHARES, Reports, diagnose
+from appo.tools.raw_limit import machine_raw_limit, random_action
 from tests.conftest import REPO, leaked_segments
 
 TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]
@@ -69,10 +72,15 @@ def test_the_bottleneck_line_offers_the_gpu_only_to_a_run_on_the_cpu(shares, cpu
 @pytest.mark.timeout(60)
 def test_benchmark_summary_has_every_field_with_sane_values(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=bench", "--benchmark=True",
-                         "--benchmark_env_steps=30000", *TINY)
+                         "--benchmark_env_steps=30000", "--benchmark_raw_limit_s=1", *TINY)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Benchmark: CartPole-v1" in result.stdout and "bottleneck:" in result.stdout
     summary = read_summary(trainer.train_dir, "bench")
+    raw = summary["raw_limit"]  # every core stepping a worker's envs, nothing else: far above a learning trainer
+    assert (raw["processes"], raw["envs_per_process"], raw["batched"]) == (len(os.sched_getaffinity(0)), 4, False)
+    assert raw["env_frames_per_s"] > summary["env_frames_per_s"]
+    assert summary["fraction_of_raw_limit"] == pytest.approx(summary["env_frames_per_s"] / raw["env_frames_per_s"])
+    assert f"the trainer ran at {summary['fraction_of_raw_limit']:.0%} of it" in result.stdout
     assert summary["env_steps"] >= 25000 and summary["env_frames"] == summary["env_steps"]
     assert 1000 < summary["env_frames_per_s"] < 1e6
     assert 0 < summary["samples_per_s"] <= 2 * summary["env_steps_per_s"]
@@ -93,10 +101,11 @@ def test_benchmark_summary_has_every_field_with_sane_values(trainer):
 @pytest.mark.timeout(60)
 def test_sampler_only_performs_no_sgd_step(trainer):
     result = trainer.run("--env=CartPole-v1", "--experiment=sampler", "--benchmark=True", "--sampler_only=True",
-                         "--benchmark_env_steps=30000", *TINY)
+                         "--benchmark_env_steps=30000", "--benchmark_raw_limit_s=0", *TINY)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_summary(trainer.train_dir, "sampler")
     assert summary["sampler_only"] and summary["env_steps"] >= 25000
+    assert "raw_limit" not in summary and "raw limit" not in result.stdout  # --benchmark_raw_limit_s=0
     assert summary["samples_per_s"] == 0 and summary["time_shares"]["learner"]["sgd"] == 0
     version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(os.path.join(trainer.train_dir, "sampler"), 0)))
     assert version == 0 and env_steps >= 25000  # trajectories were counted and recycled, never learned from
@@ -119,6 +128,26 @@ def test_bench_scripts_run_end_to_end(tmp_path):
     assert [row["workers"] for row in rows] == [1, 2]
     assert all(row["raw"] > 0 and row["trainer"] > 0 for row in rows)
     assert leaked_segments(shm_before) == set()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_raw_limit_of_batched_sampling_steps_the_vectorised_envs():
+    raw = machine_raw_limit("CartPole-v1", {}, num_envs=64, num_splits=2, batched=True, seconds=0.5)
+    single = machine_raw_limit("CartPole-v1", {}, num_envs=64, num_splits=2, batched=False, seconds=0.5)
+    assert raw["batched"] and raw["processes"] == len(os.sched_getaffinity(0))
+    assert raw["env_frames_per_s"] > single["env_frames_per_s"] > 0  # 32 sub-envs a native call beat 64 env.step()s
+
+
+def test_the_raw_limit_plays_legal_moves_and_counts_the_seats_that_move():
+    space, rng = gym.spaces.Discrete(4), np.random.default_rng(0)
+    turn = {"action_mask": np.array([[0, 1, 0, 1], [0, 0, 0, 0]], dtype=np.int8)}  # seat 1 waits for its turn
+    for _ in range(20):
+        (mover, waiting), acting = random_action(space, turn, 2, rng)
+        assert mover in (1, 3) and waiting == 0 and acting == 1
+    actions, acting = random_action(space, {"obs": np.zeros(3)}, 2, rng)  # no mask: every agent acts
+    assert len(actions) == 2 and all(0 <= a < 4 for a in actions) and acting == 2
+    assert random_action(space, np.zeros(3), 1, rng)[1] == 1
 
 
 def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):

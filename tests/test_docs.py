@@ -117,7 +117,7 @@ def shortened_training(args: list[str]) -> list[str]:
     if not any(arg.startswith("--train_for_env_steps=") for arg in args):
         args.append(f"--train_for_env_steps={SHORT_BUDGET}")
     if "--benchmark=True" in args:
-        args.append(f"--benchmark_env_steps={SHORT_BUDGET}")
+        args += [f"--benchmark_env_steps={SHORT_BUDGET}", "--benchmark_raw_limit_s=1"]
     return args
 
 
@@ -170,8 +170,8 @@ def test_the_pages_show_commands_and_the_parsing_keeps_them_whole():
     assert {"README.md", "docs/training.md", "docs/envs.md", "docs/population.md"} <= set(PAGES_WITH_COMMANDS)
     assert shortened_training(["python", "-m", "appo.train", "--env=E", "--train_for_env_steps=1000000"])[-1] == \
         "--train_for_env_steps=10000"
-    assert shortened_training(["python", "-m", "appo.train", "--benchmark=True"])[-2:] == \
-        [f"--train_for_env_steps={SHORT_BUDGET}", f"--benchmark_env_steps={SHORT_BUDGET}"]
+    assert shortened_training(["python", "-m", "appo.train", "--benchmark=True"])[-3:] == \
+        [f"--train_for_env_steps={SHORT_BUDGET}", f"--benchmark_env_steps={SHORT_BUDGET}", "--benchmark_raw_limit_s=1"]
     assert shortened_time_to_solve(["python", "s.py", "--runs", "3", "--", "--env=E"]) == \
         ["python", "s.py", "--runs", "1", "--", "--env=E"]
     assert fenced("README.md", "bash")[0].startswith("pip install torch==")

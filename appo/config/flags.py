@@ -458,6 +458,12 @@ class OutputFlags:
     benchmark_samples: int = flag(1_000_000, BENCHMARK,
                                   "Trained samples after which a benchmark stops (whichever budget comes first).",
                                   valid="[1, inf)")
+    benchmark_raw_limit_s: float = flag(5.0, BENCHMARK,
+                                        "Seconds of a benchmark's raw limit, measured before the trainer starts: one "
+                                        "plain process per core stepping a worker's envs with random actions, nothing "
+                                        "else. The table shows it beside the trainer's frames/s, and the fraction. 0: "
+                                        "not measured; --backend=ray never measures it (its cores are elsewhere).",
+                                        valid="[0, inf)")
     sampler_only: bool = flag(False, BENCHMARK,
                               "Actors and inference run, trajectories are recycled without learning: measures the "
                               "sampler alone.")

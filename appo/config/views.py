@@ -200,6 +200,9 @@ class RunnerConfig(RoleView):
     benchmark: bool
     benchmark_env_steps: int
     benchmark_samples: int
+    benchmark_raw_limit_s: float
+    env_kwargs: str
+    batched_sampling: bool
     report_interval: float
     experiment_summaries_interval: float
     stats_avg: int

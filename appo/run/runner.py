@@ -43,6 +43,7 @@ from appo.population.ratings import Ratings
 from appo.run.graph import build_context, named_queues, start_workers
 from appo.run.pbt_driver import PbtDriver
 from appo.run.reporting import Reports
+from appo.run.reporting.benchmark import measure_raw_limit
 from appo.run.serial import SerialSupervisor
 from appo.run.stopping import Outcome, budget_outcome, failed, stuck_outcome
 from appo.run.supervisor import Supervisor
@@ -97,6 +98,8 @@ class Runner:
             log.info("Seeded single-worker run: the actor waits for each policy update, so the run is repeatable")
         outcome = failed("error")
         try:
+            if self.cfg.benchmark and self.cfg.benchmark_raw_limit_s > 0 and self.cfg.backend == "local":
+                self.reports.raw_limit = measure_raw_limit(self.cfg)  # before any worker: the cores are the env's
             self.start()
             outcome = self._loop()
             if self.cfg.benchmark:  # measured before shutdown, so teardown does not count

@@ -1,4 +1,4 @@
-"""The raw limit of an env, and a sampler-only trainer run to hold against it (scripts/bench_sampler.py,
+"""The raw limit of an env, and a sampler-only trainer run to hold against it (benchmark mode, scripts/bench_sampler.py,
 bench_scaling.py, bench_cluster.py).
 
 The raw limit is what plain processes reach stepping the same envs with random actions and nothing
@@ -13,8 +13,13 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
 
 from appo.envs import env_info, make_env
+from appo.spaces import MASK_KEY
 from appo.tools.trainer_process import run_trainer
 
 
@@ -25,21 +30,64 @@ def _step_envs(env_id: str, env_kwargs: dict, num_envs: int, seconds: float, sta
     threadpool_limits(1)
     envs = [make_env(env_id, env_kwargs) for _ in range(num_envs)]
     num_agents = int(getattr(envs[0], "num_agents", 1))
+    rng = np.random.default_rng(index)
+    observations = []
     for env in envs:
-        env.reset()
+        observations.append(env.reset()[0])
         env.action_space.seed(index)
     time.sleep(max(0.0, start_at - time.time()))
     steps, deadline = 0, time.time() + seconds
     while time.time() < deadline:
-        for env in envs:
-            action = env.action_space.sample()
-            if num_agents > 1:
-                action = [env.action_space.sample() for _ in range(num_agents)]
-            _, _, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                env.reset()
-        steps += num_envs * num_agents
+        for i, env in enumerate(envs):
+            action, acting = random_action(env.action_space, observations[i], num_agents, rng)
+            obs, _, terminated, truncated, _ = env.step(action)
+            observations[i] = env.reset()[0] if terminated or truncated else obs
+            steps += acting
     counts[index] = steps
+
+
+def random_action(space: gym.Space, obs: Any, num_agents: int, rng: np.random.Generator) -> tuple[Any, int]:
+    """A random action for each agent, and how many agents act (the steps the trainer counts). Under an action mask
+    (a Dict observation's `action_mask`, one row per agent) the action is a legal one, as masked sampling takes, and
+    a seat whose mask allows nothing waits for its turn (action 0, no step counted: a turn-based game counts moves)."""
+    masks = obs.get(MASK_KEY) if isinstance(obs, dict) and isinstance(space, gym.spaces.Discrete) else None
+    if masks is None:
+        actions, acting = [space.sample() for _ in range(num_agents)], num_agents
+    else:
+        rows = np.asarray(masks).reshape(num_agents, -1)
+        actions = [int(rng.choice(np.flatnonzero(row))) if row.any() else 0 for row in rows]
+        acting = int(rows.any(axis=1).sum())
+    return (actions if num_agents > 1 else actions[0]), acting
+
+
+def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: int, seconds: float, start_at: float,
+                      counts, index: int) -> None:
+    """One plain process: `num_splits` vectorised envs of `num_envs / num_splits` sub-envs, stepped in turn with
+    random actions (drawn up front: the sampler's actions come from inference, not from the actor)."""
+    from gymnasium.vector.utils import batch_space
+    from threadpoolctl import threadpool_limits
+
+    from appo.envs.vector import make_vector_env
+    from appo.sampling.vector_stepper import to_env_actions
+
+    threadpool_limits(1)
+    per_split = max(1, num_envs // num_splits)
+    envs = [make_vector_env(env_id, per_split, env_kwargs, seed=(index * num_splits + s) * per_split)
+            for s in range(num_splits)]
+    space = batch_space(envs[0].single_action_space, per_split)
+    space.seed(index)
+    actions = [to_env_actions(envs[0].single_action_space, space.sample()) for _ in range(16)]
+    for env in envs:
+        env.reset()
+    time.sleep(max(0.0, start_at - time.time()))
+    steps, deadline = 0, time.time() + seconds
+    while time.time() < deadline:
+        for env in envs:
+            env.step(actions[steps % len(actions)])
+        steps += per_split * num_splits
+    counts[index] = steps
+    for env in envs:
+        env.close()
 
 
 def raw_limit(env_id: str, num_processes: int, num_envs: int, seconds: float, env_kwargs: dict | None = None
@@ -49,6 +97,29 @@ def raw_limit(env_id: str, num_processes: int, num_envs: int, seconds: float, en
     steps = plain_process_steps(_step_envs, (env_id, env_kwargs, num_envs, seconds), num_processes,
                                 start_delay=1.0 + 0.05 * num_processes)
     return steps * env_info(env_id, env_kwargs).frames_per_step / seconds
+
+
+def vector_raw_limit(env_id: str, num_processes: int, num_envs: int, num_splits: int, seconds: float,
+                     env_kwargs: dict | None = None) -> float:
+    """Env frames per second of `num_processes` plain processes stepping the vectorised envs of one worker each."""
+    env_kwargs = env_kwargs or {}
+    steps = plain_process_steps(_step_vector_envs, (env_id, env_kwargs, num_envs, num_splits, seconds), num_processes,
+                                start_delay=2.0 + 0.1 * num_processes)
+    return steps * env_info(env_id, env_kwargs).frames_per_step / seconds
+
+
+def machine_raw_limit(env_id: str, env_kwargs: dict, num_envs: int, num_splits: int, batched: bool, seconds: float
+                      ) -> dict[str, Any]:
+    """The raw limit of this machine for a run's env (benchmark mode): one plain process per core this process may
+    use, each stepping a worker's envs (`num_envs`, vectorised in `num_splits` when the run steps them `batched`),
+    for `seconds`."""
+    processes = len(os.sched_getaffinity(0))
+    if batched:
+        frames = vector_raw_limit(env_id, processes, num_envs, num_splits, seconds, env_kwargs)
+    else:
+        frames = raw_limit(env_id, processes, num_envs, seconds, env_kwargs)
+    return {"env_frames_per_s": frames, "processes": processes, "envs_per_process": num_envs, "batched": batched,
+            "seconds": seconds}
 
 
 def plain_process_steps(target: Callable, args: tuple, num_processes: int, start_delay: float) -> int:

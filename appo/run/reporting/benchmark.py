@@ -7,10 +7,13 @@ from typing import Any
 
 import psutil
 
+from appo.config.checks import env_kwargs
 from appo.config.views import RunnerConfig
+from appo.envs.vector import steps_batched
 from appo.run.reporting.formatting import si
 from appo.run.reporting.numbers import Numbers
 from appo.run.reporting.tally import Tally
+from appo.utils.logs import log
 
 # What each component's timing keys mean, in the order the benchmark table shows them.
 TIME_SHARES = {
@@ -20,8 +23,21 @@ TIME_SHARES = {
 }
 
 
-def benchmark_summary(tally: Tally, numbers: Numbers, cfg: RunnerConfig, env_name: str) -> dict[str, Any]:
-    """Throughput, and where each component's time went, since every actor worker is sampling."""
+def measure_raw_limit(cfg: RunnerConfig) -> dict[str, Any]:
+    """The machine's raw limit for the run's env (appo/tools/raw_limit.py `machine_raw_limit`): what its cores give
+    when they only step the env, the ceiling the trainer's frames/s is a fraction of on any machine."""
+    from appo.tools.raw_limit import machine_raw_limit
+
+    log.info("Benchmark: the raw limit first, %g s of plain processes stepping %s with random actions",
+             cfg.benchmark_raw_limit_s, cfg.env)
+    return machine_raw_limit(cfg.env, env_kwargs(cfg), cfg.num_envs_per_worker, cfg.worker_num_splits,
+                             steps_batched(cfg.env, cfg.batched_sampling), cfg.benchmark_raw_limit_s)
+
+
+def benchmark_summary(tally: Tally, numbers: Numbers, cfg: RunnerConfig, env_name: str,
+                      raw_limit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Throughput, and where each component's time went, since every actor worker is sampling; with the machine's
+    raw limit (`measure_raw_limit`) when it was measured."""
     period = tally.period
     seconds, env_steps, samples = numbers.measured()
     measured = max(seconds, 1e-9)
@@ -48,6 +64,9 @@ def benchmark_summary(tally: Tally, numbers: Numbers, cfg: RunnerConfig, env_nam
         trajectories, weights, busy = cluster.measured.per_second()
         summary["cluster"] = {"groups": len(cluster.groups()), "trajectory_bytes_per_s": trajectories,
                               "weights_bytes_per_s": weights, "head_busy": busy}
+    if raw_limit is not None:
+        summary["raw_limit"] = raw_limit
+        summary["fraction_of_raw_limit"] = summary["env_frames_per_s"] / max(raw_limit["env_frames_per_s"], 1e-9)
     summary["bottleneck"] = diagnose(summary)
     return summary
 
@@ -126,6 +145,7 @@ def format_benchmark(summary: dict[str, Any]) -> str:
         f"device {summary['device']}",
         f"  env frames/s   {summary['env_frames_per_s']:12,.0f}   ({summary['env_steps']:,} env steps in "
         f"{summary['measured_seconds']:.1f} s once all actors sample; {summary['wall_seconds']:.1f} s wall)",
+        *raw_limit_lines(summary),
         f"  samples/s      {summary['samples_per_s']:12,.0f}   (trained)",
         f"  policy lag     {lag['min']:.0f} / {lag['avg']:.1f} / {lag['max']:.0f} (min / avg / max versions)",
         f"  CPU busy       {summary['cpu_busy']:12.0%}   (all {summary['cpu_count']} cores, measured period)",
@@ -143,3 +163,13 @@ def format_benchmark(summary: dict[str, Any]) -> str:
                      f"{si(cluster['weights_bytes_per_s'])}B/s, head busy {cluster['head_busy']:.0%}")
     lines.append(f"  bottleneck: {summary['bottleneck']}")
     return "\n".join(lines)
+
+
+def raw_limit_lines(summary: dict[str, Any]) -> list[str]:
+    """The raw limit's line of the table (none when it was not measured)."""
+    raw = summary.get("raw_limit")
+    if raw is None:
+        return []
+    how = f"{raw['processes']} plain processes x {raw['envs_per_process']} envs{', vectorised' * raw['batched']}"
+    return [f"  raw limit      {raw['env_frames_per_s']:12,.0f}   ({how}, random actions, nothing else, "
+            f"{raw['seconds']:g} s): the trainer ran at {summary['fraction_of_raw_limit']:.0%} of it"]

@@ -42,6 +42,7 @@ class Reports:
         self.recorder = open_recorder(cfg, exp_dir, dataclasses.asdict(cfg))
         self.summaries = SummaryWriters(self.tally, self.numbers, self.cfg, self.recorder)
         self.episodes_saved = True  # False once a save failed: said once
+        self.raw_limit: dict[str, Any] | None = None  # benchmark mode: the machine's, measured before the workers
         if any(initial_env_steps):  # resumed: the last episodes of the run before count towards the means
             restored = restore_windows(exp_dir, [policy.episodes for policy in self.tally.policies])
             if restored:
@@ -171,7 +172,7 @@ class Reports:
         self.summaries.write_pbt(policy)
 
     def benchmark_summary(self, env_name: str) -> dict[str, Any]:
-        return benchmark_summary(self.tally, self.numbers, self.cfg, env_name)
+        return benchmark_summary(self.tally, self.numbers, self.cfg, env_name, self.raw_limit)
 
     def start_tracking(self) -> None:
         """Start the trackers' threads; the runner calls it once its workers are forked."""
