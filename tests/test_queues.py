@@ -5,6 +5,7 @@ find faster-fifo's mutex and condition variables in a fresh queue; where pthread
 faster-fifo in which they cannot be found fails here rather than skipping."""
 
 import contextlib
+import ctypes
 import importlib.metadata
 import multiprocessing
 import os
@@ -17,6 +18,7 @@ import pytest
 from faster_fifo import Empty
 
 from appo.utils.queues import (
+    DeadHolderWatch,
     SyncLayout,
     forget_waiters,
     glibc_x86_64,
@@ -138,3 +140,49 @@ def test_a_reader_killed_while_waiting_does_not_hang_the_writers_of_its_replacem
     finally:
         replacement.kill()
         replacement.join()
+
+
+def _lock_and_wait(queue, locked) -> None:
+    """Takes the queue's mutex as a put does, then waits to be killed inside it."""
+    layout = locate_sync_objects(bytes(make_queue().queue_obj_buffer))  # a fresh queue's: the same layout
+    ctypes.CDLL(None).pthread_mutex_lock(ctypes.c_void_p(ctypes.addressof(queue.queue_obj_buffer) + layout.mutex))
+    locked.set()
+    while True:
+        time.sleep(1)
+
+
+def _count_reads(queue, reads, watched: bool) -> None:
+    """Reads until killed, as the runner reads its reports: waiting inside get_many nearly all the time."""
+    watch = DeadHolderWatch(queue)
+    if watched:
+        watch.start()
+    while True:
+        with contextlib.suppress(Empty):
+            queue.get_many(timeout=0.05)
+        with reads.get_lock():
+            reads.value += 1
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_writer_killed_inside_a_put_while_the_reader_waits_blocks_the_reader_unless_watched(watched):
+    queue = make_queue()
+    reads, locked = fork.Value("i", 0), fork.Event()
+    reader = fork.Process(target=_count_reads, args=(queue, reads, watched))
+    reader.start()
+    holder = fork.Process(target=_lock_and_wait, args=(queue, locked))
+    try:
+        wait_for(lambda: reads.value >= 3, 30, "the reader's first reads")
+        holder.start()
+        assert locked.wait(30)  # the reader now waits for the mutex: at its next wake-up, or at its next read
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join()
+        before = reads.value
+        if watched:
+            wait_for(lambda: reads.value >= before + 20, 10, "reads after the holder's death")
+            assert _finishes(_put_many, queue, 10.0)
+        else:
+            with pytest.raises(pytest.fail.Exception):
+                wait_for(lambda: reads.value >= before + 20, 2, "reads after the holder's death")
+    finally:
+        reader.kill()
+        reader.join()

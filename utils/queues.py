@@ -10,8 +10,9 @@ condition variables, none of them robust against a process that dies while using
 After a worker dies, the runner calls `release_if_held_by` for every queue (if the dead pid owns the mutex,
 the queue is reset to empty; its messages are lost, and every message in this project is a hint or a
 report that may be lost) and `forget_waiters` for the queues the dead worker read, before its
-replacement starts. Before each read of its report queue, the runner calls `release_if_holder_gone`: a worker killed
-inside a put to that queue would otherwise block the read, and the runner, before it saw the death.
+replacement starts. The reader of a report queue (the runner, a Ray node) also keeps a `DeadHolderWatch` on it: it
+waits for reports inside get with the mutex released and must take the mutex again to return, so a worker killed
+inside a put in the meantime would block it in C, before it could see the death.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _FRESH_MUTEX = (0, 0, 0, 0, 128, 0, 0, 0, 0, 0)  # pthread_mutex_init's process-
 _MUTEXATTR_PSHARED = -2**31  # the mutex attribute's int with PTHREAD_MUTEXATTR_FLAG_PSHARED (0x80000000)
 _CONDATTR_PSHARED = 1  # the condition attribute's int with its process-shared bit
 _SYS_FUTEX, _FUTEX_WAKE = 202, 1
+_repairs = threading.Lock()  # one reset at a time in this process: a watch thread and the runner may see one death
 
 
 def make_queue(max_size_bytes: int = 1_000_000) -> Queue:
@@ -118,28 +120,56 @@ def mutex_owner(queue: Queue) -> int:
 
 def release_if_held_by(queue: Queue, pid: int) -> bool:
     """If dead process `pid` holds the queue's mutex, reset the queue to a fresh empty one in place and wake the
-    processes blocked on the mutex; returns whether it did."""
+    processes blocked on the mutex; returns whether it did. The waiter counts are kept: each live process waiting
+    inside get or put counts itself out when it returns."""
     layout = _layout()
-    if layout is None or mutex_owner(queue) != pid:
+    if layout is None:
         return False
-    sizes = {"max_size_bytes": queue.max_size_bytes}
-    if hasattr(queue, "maxsize"):  # faster-fifo >= 1.4.6
-        sizes["maxsize"] = queue.maxsize
-    fresh = Queue(**sizes)
-    ctypes.memmove(ctypes.addressof(queue.queue_obj_buffer), ctypes.addressof(fresh.queue_obj_buffer),
-                   len(fresh.queue_obj_buffer))
-    lock_word = ctypes.addressof(queue.queue_obj_buffer) + layout.mutex
-    _libc().syscall(_SYS_FUTEX, ctypes.c_void_p(lock_word), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
-    return True
+    with _repairs:
+        if mutex_owner(queue) != pid:
+            return False
+        sizes = {"max_size_bytes": queue.max_size_bytes}
+        if hasattr(queue, "maxsize"):  # faster-fifo >= 1.4.6
+            sizes["maxsize"] = queue.maxsize
+        fresh = Queue(**sizes)
+        base = ctypes.addressof(queue.queue_obj_buffer)
+        ctypes.memmove(ctypes.addressof(fresh.queue_obj_buffer) + layout.waiters, base + layout.waiters, 8)
+        ctypes.memmove(base, ctypes.addressof(fresh.queue_obj_buffer), len(fresh.queue_obj_buffer))
+        _libc().syscall(_SYS_FUTEX, ctypes.c_void_p(base + layout.mutex), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
+        return True
 
 
 def release_if_holder_gone(queue: Queue) -> bool:
     """If the queue's mutex is held by a thread that has ended (a process killed inside put or get, reaped or still a
-    zombie), reset the queue as `release_if_held_by` does; returns whether it did. The runner calls it before it reads
-    its report queue: that read would otherwise lock the mutex and block forever, before the runner could learn of the
-    death and repair the queue."""
+    zombie), reset the queue as `release_if_held_by` does; returns whether it did."""
     owner = mutex_owner(queue)
     return owner != 0 and not _alive(owner) and release_if_held_by(queue, owner)
+
+
+class DeadHolderWatch:
+    """A thread that calls `release_if_holder_gone` on `queue` every `interval` s, from `start` to `stop`.
+
+    The queue's reader cannot do it itself: a reader waiting for messages inside faster-fifo's get has released the
+    mutex and must take it again to return, so a writer killed inside its put in the meantime blocks the reader in C
+    for good, whatever the reader checked before its read (seen as a runner that stopped printing status lines and
+    ignored SIGINT after a learner rank was killed while it reported ready)."""
+
+    def __init__(self, queue: Queue, interval: float = 0.1):
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(queue, interval), name="dead-holder-watch",
+                                        daemon=True)
+
+    def _watch(self, queue: Queue, interval: float) -> None:
+        while not self._stopped.wait(interval):
+            release_if_holder_gone(queue)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def _alive(tid: int) -> bool:

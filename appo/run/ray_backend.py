@@ -64,7 +64,7 @@ from appo.run.supervisor import Supervisor
 from appo.sampling.sampler_group import sampler_queues
 from appo.utils.logs import log
 from appo.utils.process import FatalError, init_worker
-from appo.utils.queues import make_queue
+from appo.utils.queues import DeadHolderWatch, make_queue
 from appo.workers.context import Queues, WorkerContext
 from appo.workers.roles import WorkerRole
 
@@ -118,6 +118,8 @@ class NodeSampler:
         self.weights: dict[int, np.ndarray] = {}  # acting id -> this node's weights segment
         self.supervisor = Supervisor(self.report_queue, cfg.max_worker_restarts)
         self.group = start_sampler(self.ctx, self.supervisor)
+        self.report_watch = DeadHolderWatch(self.report_queue)  # after the fork: a worker killed inside a put
+        self.report_watch.start()
         self.reports: list[ActorReport | InferenceReport] = []
         self.failure: str | None = None
 
@@ -152,6 +154,7 @@ class NodeSampler:
     def stop(self) -> None:
         self.control.runner.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + NODE_STOP_S - 1.0, self._drain_reports)
+        self.report_watch.stop()
         for name in self.ctx.weights_names:
             unlink_segment(name)
 

@@ -50,7 +50,7 @@ from appo.run.supervisor import Supervisor
 from appo.tracking import run_status
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log
-from appo.utils.queues import release_if_holder_gone
+from appo.utils.queues import DeadHolderWatch
 
 SHUTDOWN_SECONDS = 8.0
 
@@ -77,6 +77,7 @@ class Runner:
                                                                                  cfg.max_worker_restarts)
         self.pbt = PbtDriver(self.ctx, env, self.reports, self.ratings) if cfg.with_pbt else None
         self.interrupted = False
+        self.report_watch = DeadHolderWatch(self.ctx.queues.report)  # a worker killed inside a put blocks no read
 
     def start(self) -> None:
         removed = remove_orphan_segments()
@@ -87,6 +88,7 @@ class Runner:
                                    lambda p: None if self.pbt is None else self.pbt.hyperparams(p),
                                    bool(self.hooks.on_learner_iteration))
         self.reports.start_tracking()  # threads only now that the workers are forked
+        self.report_watch.start()
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> Outcome:
@@ -146,7 +148,6 @@ class Runner:
                 last_summary = now
 
     def _drain_reports(self, timeout: float) -> None:
-        release_if_holder_gone(self.ctx.queues.report)  # a worker killed inside a put: else this read blocks forever
         try:
             messages = self.ctx.queues.report.get_many(timeout=timeout)
         except Empty:
@@ -243,6 +244,7 @@ class Runner:
         self.ctx.control.runner.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + SHUTDOWN_SECONDS, lambda: self._drain_reports(timeout=0.0))
         self._drain_reports(timeout=0.0)
+        self.report_watch.stop()
         for name in self.ctx.weights_names:
             unlink_segment(name)
         self.reports.write_summaries({})
