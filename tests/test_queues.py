@@ -147,8 +147,7 @@ def _lock_and_wait(queue, locked) -> None:
     layout = locate_sync_objects(bytes(make_queue().queue_obj_buffer))  # a fresh queue's: the same layout
     ctypes.CDLL(None).pthread_mutex_lock(ctypes.c_void_p(ctypes.addressof(queue.queue_obj_buffer) + layout.mutex))
     locked.set()
-    while True:
-        time.sleep(1)
+    signal.pause()  # until the test's SIGKILL
 
 
 def _count_reads(queue, reads, watched: bool) -> None:

@@ -133,7 +133,7 @@ def release_if_held_by(queue: Queue, pid: int) -> bool:
             sizes["maxsize"] = queue.maxsize
         fresh = Queue(**sizes)
         base = ctypes.addressof(queue.queue_obj_buffer)
-        ctypes.memmove(ctypes.addressof(fresh.queue_obj_buffer) + layout.waiters, base + layout.waiters, 8)
+        ctypes.memmove(ctypes.addressof(fresh.queue_obj_buffer) + layout.waiters, base + layout.waiters, 8)  # 2 ints
         ctypes.memmove(base, ctypes.addressof(fresh.queue_obj_buffer), len(fresh.queue_obj_buffer))
         _libc().syscall(_SYS_FUTEX, ctypes.c_void_p(base + layout.mutex), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
         return True
