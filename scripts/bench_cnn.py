@@ -39,6 +39,7 @@ from appo.config.cfg import make_config
 from appo.config.hyperparams import Hyperparams
 from appo.envs.doom.actions import FULL_BUTTONS, ActionSet
 from appo.learning.model import ActorCritic
+from appo.learning.policy import make_optimizer
 from appo.learning.ppo import forward_trajectories, train_step
 from appo.learning.precision import minibatch, observations, seconds_per_call
 from appo.memory.buffers import rnn_size
@@ -119,7 +120,7 @@ class _Step(nn.Module):
 
 
 class Candidate:
-    """A copy of the base model run as `option` says, with its own Adam (as appo.learning.policy.Policy makes it)."""
+    """A copy of the base model run as `option` says, with its own Adam (the learner's)."""
 
     def __init__(self, option: Option, base: ActorCritic, cfg):
         self.option, self.cfg = option, cfg
@@ -130,8 +131,7 @@ class Candidate:
         if option.compile:
             for encoder in image_encoders(self.model):
                 encoder.compile(dynamic=True)  # one graph for every batch size, as an inference worker needs
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2))
+        self.optimizer = make_optimizer(self.model, cfg.learning_rate, cfg)
         self.frozen: dict[int, torch.jit.ScriptModule] = {}
         self.generator = torch.Generator().manual_seed(0)
 

@@ -355,19 +355,18 @@ def cnn_sgd(ctx: Context, device_name: str) -> list[Row]:
                                 else contextlib.nullcontext())
 
                     def step(candidate=candidate, autocast=autocast, mb=mb, advantages=advantages,
-                             targets=targets) -> dict | None:
-                        with autocast:
-                            return bench_cnn.train_step(candidate.model, candidate.optimizer, cfg, hp, mb,
-                                                        advantages, targets)
+                             targets=targets) -> bool:
+                        with autocast:  # whether the update was applied: a host sync, so each step is timed whole
+                            return bool(bench_cnn.train_step(candidate.model, candidate.optimizer, cfg, hp, mb,
+                                                             advantages, targets)[-1])
 
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
                     first = bench_cnn.timed(step)  # cuDNN picks its algorithms here
-                    stats = step()
+                    finite = step()
                     seconds = bench_cnn.seconds_per_call(step, min_seconds)
                     memory = (f", {torch.cuda.max_memory_allocated(device) / 2**20:,.0f} MiB peak"
                               if device.type == "cuda" else "")
-                    finite = stats is not None
                     rows.append(Row(name, f"{shape}, {n} samples", n / seconds, None,
                                     f"{seconds * 1e3:.1f} ms a step, first step {first:.2f} s{memory}"
                                     + ("" if finite else "; loss or gradient NOT finite"), finite,

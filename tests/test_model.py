@@ -1,6 +1,7 @@
 """Model: recurrent state handling, encoders and heads for every supported space, distributions; that the model
 agrees with the trajectory buffers (state size) and with the config (encoder names), and that an encoder learns."""
 
+import copy
 import dataclasses
 import math
 
@@ -13,7 +14,8 @@ from appo.config.cfg import build_parser, resolve
 from appo.config.encoders import AUTO, BUILT_IN_ENCODERS
 from appo.config.hyperparams import Hyperparams
 from appo.learning.model import ENCODERS, ActionDistribution, ActorCritic, ImpalaResnet, NatureCnn
-from appo.learning.ppo import forward_trajectories, minibatch_loss
+from appo.learning.policy import load_optimizer_state, make_optimizer
+from appo.learning.ppo import UPDATE_FIELDS, forward_trajectories, minibatch_loss, ppo_updates, train_step
 from appo.memory.buffers import Layout
 from appo.spaces import action_layout, action_spec, to_env_action
 
@@ -441,13 +443,70 @@ def test_the_iterations_proximal_policy_moves_the_clip_and_weights_the_advantage
 @pytest.mark.parametrize("proximal_policy", ["behaviour", "iteration"])
 def test_an_iterations_first_minibatch_clips_stale_samples_only_when_measured_from_the_behaviour_policy(
         proximal_policy):
-    from appo.learning.ppo import ppo_updates
-
     torch.manual_seed(6)
     cfg = make_cfg(actor_critic_share_weights=False, proximal_policy=proximal_policy, num_batches_per_iteration=1,
                    ppo_epochs=1, normalize_input=False)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    (stats,) = list(ppo_updates(model, optimizer, cfg, Hyperparams.from_cfg(cfg), batch))
+    (update,) = list(ppo_updates(model, make_optimizer(model, 1e-3, cfg), cfg, Hyperparams.from_cfg(cfg), batch))
+    stats = dict(zip(UPDATE_FIELDS, update.tolist()))
     assert (stats["clip_fraction"] > 0.3) == (proximal_policy == "behaviour")
+
+
+def _snapshot(model: ActorCritic, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor an update may change: weights, normalisation statistics, Adam's moments and step counts."""
+    state = [tensor.clone() for tensor in model.state_dict().values()]
+    return state + [tensor.clone() for saved in optimizer.state.values() for tensor in saved.values()]
+
+
+def test_a_non_finite_minibatch_is_skipped_on_the_device_and_the_next_one_applies():
+    """The skip needs no host sync (`apply_gradients`): the fused Adam's found_inf leaves weights and moments as they
+    were, the return statistics and the value head are restored with torch.where, and the update says applied 0."""
+    torch.manual_seed(7)
+    cfg = make_cfg(actor_critic_share_weights=False, normalize_returns=True)
+    hp = Hyperparams.from_cfg(cfg)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    optimizer = make_optimizer(model, 1e-3, cfg)
+    mb = stale_minibatch(model)
+    advantages, targets = torch.randn(4, 8), torch.randn(4, 8) * 10 + 50
+    first = dict(zip(UPDATE_FIELDS, train_step(model, optimizer, cfg, hp, mb, advantages, targets).tolist()))
+    assert first["applied"] == 1.0 and math.isfinite(first["loss"])
+    before = _snapshot(model, optimizer)
+    nan_targets = targets.clone()
+    nan_targets[0, 0] = float("nan")
+    skipped = train_step(model, optimizer, cfg, hp, mb, advantages, nan_targets)
+    assert skipped[UPDATE_FIELDS.index("applied")].item() == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(model, optimizer)))
+    again = train_step(model, optimizer, cfg, hp, mb, advantages, targets)
+    assert again[UPDATE_FIELDS.index("applied")].item() == 1.0
+    assert not all(torch.equal(a, b) for a, b in zip(before, _snapshot(model, optimizer)))
+    assert all(saved["step"].item() == 2.0 for saved in optimizer.state.values())
+
+
+def test_an_optimizer_state_saved_unfused_loads_into_the_fused_adam_and_steps_alike():
+    """Checkpoints written before the learner's Adam was fused say fused: None and keep CPU step counts; loaded
+    through `load_optimizer_state` they continue as the fused Adam, with the same moments as the plain one's next
+    step (to rounding)."""
+    torch.manual_seed(8)
+    cfg = make_cfg()
+    model = ActorCritic(OBS, gym.spaces.Discrete(3), cfg)
+    plain = torch.optim.Adam(model.parameters(), lr=1e-3, eps=cfg.adam_eps)
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        plain.step()
+    saved = copy.deepcopy(plain.state_dict())
+    fused = make_optimizer(model, 1e-3, cfg)
+    load_optimizer_state(fused, saved)
+    assert all(group["fused"] for group in fused.param_groups)
+    for p in model.parameters():  # one gradient for both steps
+        p.grad = torch.randn_like(p)
+    weights = [p.detach().clone() for p in model.parameters()]
+    fused.step()
+    fused_weights = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(w)
+    plain.step()
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(fused_weights, model.parameters()))
+    assert all(fused.state[p]["step"].item() == 4.0 for p in model.parameters())

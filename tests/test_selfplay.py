@@ -13,8 +13,8 @@ from appo.config.checks import MappingError
 from appo.config.flags import Config
 from appo.config.topology import learning_policy, num_acting_ids, snapshot_ids
 from appo.learning.losses import gae
-from appo.learning.policy import Policy
-from appo.learning.ppo import bootstrap_values, train_step
+from appo.learning.policy import Policy, make_optimizer
+from appo.learning.ppo import UPDATE_FIELDS, bootstrap_values, train_step
 from appo.population.matchmaking import Matchmaker, acting_name
 from appo.population.ratings import ELO_START, Ratings, elo_update, expected_score
 from tests.conftest import LearnerRig
@@ -254,11 +254,11 @@ def test_learner_trains_only_on_its_own_side(self_play_rig):
     results = []
     for mb in (batch, changed):
         model.load_state_dict(state)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer = make_optimizer(model, 0.01, cfg)
         mb = dict(mb, bootstrap=bootstrap_values(model, mb))
         advantages, targets = gae(mb["rewards"], mb["dones"], mb["values"], mb["bootstrap"], hp.gamma,
                                   hp.gae_lambda)
-        stats = train_step(model, optimizer, cfg, hp, mb, advantages, targets)
+        stats = dict(zip(UPDATE_FIELDS, train_step(model, optimizer, cfg, hp, mb, advantages, targets).tolist()))
         results.append((stats, [p.detach().clone() for p in model.parameters()]))
     for key in ("loss", "policy_loss", "value_loss", "entropy"):
         assert results[0][0][key] == pytest.approx(results[1][0][key], rel=1e-5, abs=1e-6), key

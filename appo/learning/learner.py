@@ -38,7 +38,7 @@ from appo.learning.batching import Batch, BatchBuilder, OwedSlots
 from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
 from appo.learning.device import resolve_device
 from appo.learning.policy import Policy
-from appo.learning.ppo import ppo_updates
+from appo.learning.ppo import UPDATE_FIELDS, ppo_updates
 from appo.learning.ranks import group_leader, rank_device
 from appo.learning.weights import WeightsPublisher, share_snapshots
 from appo.memory.segments import check_room
@@ -85,9 +85,10 @@ class LearnerCounters:
             self.stats[key].append(value)
         self.nonfinite += batch.nonfinite
 
-    def add_update(self, stats: dict[str, float] | None) -> bool:
-        """Count an applied update (with its statistics) or a skipped one (None); returns whether it was applied."""
-        if stats is None:
+    def add_update(self, update: dict[str, float]) -> bool:
+        """Count an applied update (with its statistics, `UPDATE_FIELDS`) or a skipped one; returns whether it was
+        applied."""
+        if not update["applied"]:
             self.skipped_updates += 1
             self.consecutive_skipped += 1
             if self.consecutive_skipped >= MAX_CONSECUTIVE_SKIPPED:
@@ -96,14 +97,18 @@ class LearnerCounters:
                                  "--learning_rate or --max_grad_norm; the last checkpoint has finite weights)")
             return False
         self.consecutive_skipped = 0
-        for key, value in stats.items():
-            self.stats[key].append(value)
+        for key, value in update.items():
+            if key != "applied":
+                self.stats[key].append(value)
         return True
 
-    def add_iteration(self, updates: Iterator[dict[str, float] | None], trajectories: int) -> int:
-        """Count an iteration's updates as they run (`add_update`), its samples and its passes over them (fewer than
-        --ppo_epochs with --adaptive_epochs); returns how many updates were applied."""
-        results = [self.add_update(stats) for stats in updates]
+    def add_iteration(self, updates: Iterator[torch.Tensor], trajectories: int) -> int:
+        """Count an iteration's updates (`add_update`) once it has run, its samples and its passes over them (fewer
+        than --ppo_epochs with --adaptive_epochs); returns how many updates were applied. The updates' statistics
+        are read from the device here, once an iteration."""
+        rows = list(updates)
+        table = torch.stack(rows).tolist() if rows else []
+        results = [self.add_update(dict(zip(UPDATE_FIELDS, row))) for row in table]
         self.samples += trajectories * self.cfg.rollout
         self.stats["epochs"].append(len(results) / min(self.cfg.num_batches_per_iteration, trajectories))
         return sum(results)

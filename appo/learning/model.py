@@ -503,17 +503,23 @@ class ActorCritic(nn.Module):
         return values if self.returns_norm is None else self.returns_norm(values)
 
     @torch.no_grad()
-    def update_return_stats(self, targets: Tensor) -> None:
+    def update_return_stats(self, targets: Tensor, applied: Tensor | None = None) -> None:
         """Fold targets into the running stats, rescaling the value head so that its denormalised outputs
-        stay what they were (PopArt's output preservation): new stats must not shift every value."""
+        stay what they were (PopArt's output preservation): new stats must not shift every value. With `applied`
+        (a 0-dim bool tensor: whether the update these targets came from was applied) a False leaves the stats and
+        the head as they were, decided on the device."""
         norm = self.returns_norm
         if norm is None:
             return
+        changed = (norm.mean, norm.var, norm.count, self.value_head.weight, self.value_head.bias)
+        before = [tensor.clone() for tensor in changed] if applied is not None else []
         old_mean, old_std = norm.mean.clone(), norm.std()
         norm.update(targets)
         new_mean, new_std = norm.mean, norm.std()
         self.value_head.weight.mul_(old_std / new_std)
         self.value_head.bias.copy_((old_std * self.value_head.bias + old_mean - new_mean) / new_std)
+        for tensor, old in zip(changed, before):
+            tensor.copy_(torch.where(applied, tensor, old))
 
     @torch.no_grad()
     def update_obs_stats(self, obs: ObsDict) -> None:

@@ -1,7 +1,8 @@
 """One APPO training iteration over a batch of whole trajectories: the model, the optimizer and the maths.
 
 No processes, queues or shared memory here: the learner (appo/learning/learner.py) builds the batch and hands it to
-`ppo_updates`, which yields each minibatch's statistics. The loss terms themselves are in appo/learning/losses.py.
+`ppo_updates`, which yields each minibatch's statistics (tensors on the model's device). The loss terms themselves
+are in appo/learning/losses.py.
 A batch holds, per trajectory of T steps: obs [n, T+1, ...] (step T is the bootstrap observation), rnn_states
 [n, T+1, H], actions, log_probs and values (the behaviour policy's), rewards and dones [n, T], with more than
 one acting id a `mask` [n, T] of the steps this policy took, and with action masks a `policy_mask` [n, T] of those
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 # A minibatch's statistics (`minibatch_loss`), in the order the learner ranks sum them in.
 STATS = ("loss", "policy_loss", "value_loss", "exploration_loss", "entropy", "kl", "clip_fraction", "values",
          "value_targets")
+# What `train_step` returns for a minibatch, in this order: the statistics, the gradient's norm before clipping, and
+# whether the update was applied (1) or skipped because a loss or the gradient was not finite (0).
+UPDATE_FIELDS = (*STATS, "grad_norm", "applied")
 
 
 def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
@@ -90,9 +94,11 @@ def proximal_log_probs(model: ActorCritic, recurrence: int, batch: dict[str, Any
 
 def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                mb: dict[str, Any], advantages: Tensor | None, targets: Tensor | None,
-               ranks: RankGroup | None = None) -> dict[str, float] | None:
-    """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns statistics, or None when
-    the loss or the gradient is not finite: then nothing changes (weights, optimizer, return statistics).
+               ranks: RankGroup | None = None) -> Tensor:
+    """One minibatch of APPO: forward, losses, backward, clipped Adam step. Returns a tensor of `UPDATE_FIELDS` on the
+    model's device, read by the learner once an iteration: nothing here waits for the device (no host sync), so a GPU
+    runs ahead of Python. When the loss or the gradient is not finite, nothing changes (weights, optimizer, return
+    statistics): the optimizer skips the step on the device (`apply_gradients`) and `applied` is 0.
 
     `mb` holds whole trajectories [n, T]; `values` are the behaviour values stored by inference (the
     old values of PPO's value clipping) and `bootstrap` the value after the last step. With GAE the
@@ -118,12 +124,10 @@ def train_step(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, h
         loss, targets, stats = minibatch_loss(model, cfg, hp, mb, advantages, targets)
         if cfg.with_vtrace:  # its targets come from the loss (one rank only: appo/config/checks.py)
             whole_targets = targets
-    grad_norm, stats = apply_gradients(model, optimizer, loss, weight, hp.max_grad_norm, ranks, stats)
-    if grad_norm is None:
-        return None
+    grad_norm, applied, stats = apply_gradients(model, optimizer, loss, weight, hp.max_grad_norm, ranks, stats)
     # Used from the next step on; every rank folds in the whole minibatch's targets.
-    model.update_return_stats(whole_targets if whole_mask is None else whole_targets[whole_mask > 0])
-    return {name: value.item() for name, value in stats.items()} | ({"grad_norm": float(grad_norm)} if stats else {})
+    model.update_return_stats(whole_targets if whole_mask is None else whole_targets[whole_mask > 0], applied)
+    return torch.stack([*(stats[name].float() for name in STATS), grad_norm.float(), applied.float()])
 
 
 def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, Any], advantages: Tensor | None,
@@ -179,29 +183,31 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
 
 def apply_gradients(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: Tensor | None, weight: float,
                     max_grad_norm: float, ranks: RankGroup | None, stats: dict[str, Tensor]
-                    ) -> tuple[Tensor | None, dict[str, Tensor]]:
+                    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """Backward `loss` x `weight` (None: this rank has no share of the minibatch), sum the gradients over the ranks,
-    clip them and take the Adam step; returns the gradient's norm before clipping, or None when a loss or the gradient
-    was not finite (then nothing changed, on every rank), and the minibatch's statistics: `stats` as they are, or with
-    ranks their sum over the ranks, each weighted by `weight`."""
+    clip them and take the Adam step; returns the gradient's norm before clipping, whether the step was applied (a
+    0-dim bool tensor: False when a loss or the gradient was not finite, on any rank; then the weights and the
+    optimizer's state are as they were), and the minibatch's statistics: `stats` as they are (zeros for a rank with
+    no share), or with ranks their sum over the ranks, each weighted by `weight`.
+
+    The optimizer is the fused Adam of `appo.learning.policy.make_optimizer`: its `found_inf` makes the skip a
+    decision on the device, where a Python `if` would wait for the GPU at every minibatch."""
+    device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
-    finite = loss is None or bool(torch.isfinite(loss))
-    if loss is not None and finite:
+    if not stats:
+        stats = {name: torch.zeros((), device=device) for name in STATS}
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    if loss is not None:
+        finite = torch.isfinite(loss)
         (loss * weight).backward()
     if ranks is not None:
-        shares = (torch.stack([stats[name] for name in STATS]) * weight if stats and finite else
-                  torch.zeros(len(STATS)))
-        finite, summed = ranks.sum_gradients(model, finite, shares)
+        finite, summed = ranks.sum_gradients(model, finite, torch.stack([stats[name] for name in STATS]) * weight)
         stats = dict(zip(STATS, summed))
-    if not finite:
-        optimizer.zero_grad(set_to_none=True)
-        return None, stats
     grad_norm = clip_gradients(model, max_grad_norm)
-    if not torch.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return None, stats
+    applied = finite & torch.isfinite(grad_norm)
+    optimizer.found_inf = (~applied).float()
     optimizer.step()
-    return grad_norm, stats
+    return grad_norm, applied, stats
 
 
 def share_weight(dones: Tensor, mask: Tensor | None, rows: slice) -> float:
@@ -213,19 +219,17 @@ def share_weight(dones: Tensor, mask: Tensor | None, rows: slice) -> float:
 
 def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
     """The gradient's norm before clipping; with `max_grad_norm` > 0 the gradient is scaled down to at most that."""
-    if max_grad_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    return torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
 
 
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                 batch: dict[str, Any], shuffle: torch.Generator | None = None,
                 another_epoch: Callable[[], bool] | None = None,
-                ranks: RankGroup | None = None) -> Iterator[dict[str, float] | None]:
+                ranks: RankGroup | None = None) -> Iterator[Tensor]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
     bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then up to
     --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
-    minibatch's statistics (None: a non-finite update, skipped) right after its step. `shuffle` draws the
+    minibatch's `UPDATE_FIELDS` (`train_step`) right after its step. `shuffle` draws the
     minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
     iteration early when it returns False (the first pass always runs). With `ranks`, rank 0 decides the passes and
     draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""

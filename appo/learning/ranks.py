@@ -169,21 +169,23 @@ class RankGroup:
         bounds = [n * r // self.size for r in range(self.size + 1)]
         return slice(bounds[self.rank], bounds[self.rank + 1])
 
-    def sum_gradients(self, model: torch.nn.Module, finite: bool, stats: torch.Tensor) -> tuple[bool, torch.Tensor]:
-        """Sum every parameter's gradient over the ranks (a rank whose loss was not finite sends zeros), and `stats`
-        (each rank's share of the minibatch's statistics) with them; returns whether every rank's loss was finite, and
-        the summed statistics. Every parameter gets a gradient (zero where none was computed)."""
+    def sum_gradients(self, model: torch.nn.Module, finite: torch.Tensor, stats: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sum every parameter's gradient over the ranks, and `stats` (each rank's share of the minibatch's statistics)
+        with them; `finite` is this rank's 0-dim bool tensor, whether its loss was finite. Returns whether every
+        rank's was (a 0-dim bool tensor: where one was not, the sum holds what that rank's gradient held and the step
+        is skipped), and the summed statistics. Every parameter gets a gradient (zero where none was computed)."""
         params = [p for p in model.parameters() if p.requires_grad]
-        grads = [p.grad if finite and p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads] + [stats.to(self.device, torch.float32).reshape(-1),
-                                                           torch.tensor([0.0 if finite else 1.0], device=self.device)])
+                                                           (~finite).to(self.device, torch.float32).reshape(1)])
         with self.collective("summing the gradients"):
             dist.all_reduce(flat)
         offset = 0
         for p in params:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
-        return bool(flat[-1] == 0), flat[offset:offset + stats.numel()]
+        return flat[-1] == 0, flat[offset:offset + stats.numel()]
 
     def checksums(self, model: torch.nn.Module) -> list[float]:
         """Every rank's `weights_checksum`, in rank order."""
