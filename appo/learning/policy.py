@@ -30,9 +30,9 @@ def scheduled_learning_rate(base: float, schedule: str, env_steps: int, budget: 
 
 
 def make_optimizer(model: torch.nn.Module, learning_rate: float, cfg: Any) -> torch.optim.Adam:
-    """The learner's Adam, fused: one kernel over all the weights, on the CPU 2-10x faster than the per-weight loop
-    torch runs there by default, and its `found_inf` lets a non-finite update be skipped on the device
-    (appo/learning/ppo.py `apply_gradients`)."""
+    """The learner's Adam, fused: one kernel over all the weights, several times faster on a CPU than the per-weight
+    loop torch runs there by default (docs/PERFORMANCE.md, "The learner's optimizer"), and its `found_inf` lets a
+    non-finite update be skipped on the device (appo/learning/ppo.py `apply_gradients`)."""
     return torch.optim.Adam(model.parameters(), lr=learning_rate, eps=cfg.adam_eps,
                             betas=(cfg.adam_beta1, cfg.adam_beta2), fused=True)
 
