@@ -26,6 +26,42 @@ def reference_gae(rewards, dones, values, bootstrap, gamma, lam):
     return advantages
 
 
+def reference_turn_gae(rewards, dones, truncated, values, bootstrap, acting, gamma, lam):
+    """A seat's moves as their own game: each move takes the rewards and the episode end of the waiting steps after it;
+    its next state is the seat's next move (or the bootstrap observation, when the seat is to move there). A move whose
+    next turn is not in sight has no return (None); textbook GAE over the moves, the sum stopping before such a move."""
+    T = len(rewards)
+    moves = [t for t in range(T) if acting[t]]
+    steps = []  # (reward, done, value of the next move, known) of each move
+    for i, t in enumerate(moves):
+        reward, done, known, k = rewards[t], dones[t], True, t
+        while not done and k + 1 < T and not acting[k + 1]:
+            k += 1
+            reward, done = reward + rewards[k], dones[k]
+            known = not (done and truncated[k])
+        if done:
+            next_value = 0.0
+        elif k + 1 < T:
+            next_value = values[moves[i + 1]]
+        else:
+            next_value, known = bootstrap, known and bool(acting[T])
+        steps.append((reward, done, next_value, known))
+    advantages, known_moves = [0.0] * T, [0.0] * T
+    for i, t in enumerate(moves):
+        if not steps[i][3]:
+            continue
+        known_moves[t] = 1.0
+        total, weight = 0.0, 1.0
+        for j in range(i, len(moves)):
+            reward, done, next_value, _ = steps[j]
+            total += weight * (reward + gamma * next_value - values[moves[j]])
+            if done or j + 1 == len(moves) or not steps[j + 1][3]:
+                break
+            weight *= gamma * lam
+        advantages[t] = total
+    return advantages, known_moves
+
+
 def reference_vtrace(behaviour, target, rewards, dones, values, bootstrap, gamma, rho_bar, c_bar):
     """V-trace from its definition: v_s = V(x_s) + sum_t gamma^(t-s) (prod c_i) rho_t delta_t V."""
     T = len(rewards)
@@ -72,6 +108,34 @@ def test_gae_matches_reference(gamma, lam):
                                  bootstrap[i].item(), gamma, lam)
         assert advantages[i].tolist() == pytest.approx(expected, abs=1e-5)
     assert torch.allclose(returns, advantages + values)
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 1.0), (0.5, 0.0)])
+def test_turn_gae_matches_the_moves_as_their_own_game(gamma, lam):
+    rewards, dones, values, bootstrap = random_rollout(n=40, T=12, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    acting = (torch.rand(40, 13, generator=gen) < 0.5).float()  # turns alternating or not, runs of waits
+    acting[:, 1::2] = torch.where(torch.arange(40)[:, None] < 20, 1.0 - acting[:, ::2][:, :6], acting[:, 1::2])
+    truncated = dones * (torch.rand(40, 12, generator=gen) < 0.5).float()
+    advantages, targets, known = losses.turn_gae(rewards, dones, truncated, values, bootstrap, acting, gamma, lam)
+    for i in range(40):
+        expected, expected_known = reference_turn_gae(
+            rewards[i].tolist(), dones[i].tolist(), truncated[i].tolist(), values[i].tolist(), bootstrap[i].item(),
+            acting[i].tolist(), gamma, lam)
+        assert advantages[i].tolist() == pytest.approx(expected, abs=1e-5)
+        assert known[i].tolist() == expected_known
+    assert torch.allclose(targets, advantages + values)
+    assert 0 < known.sum() < acting[:, :-1].sum()  # some moves had no return in sight
+
+
+def test_turn_gae_with_every_step_acting_is_gae():
+    rewards, dones, values, bootstrap = random_rollout(seed=6)
+    acting = torch.ones(rewards.shape[0], rewards.shape[1] + 1)
+    advantages, targets, known = losses.turn_gae(rewards, dones, torch.zeros_like(dones), values, bootstrap, acting,
+                                                 0.99, 0.95)
+    expected, expected_targets = losses.gae(rewards, dones, values, bootstrap, 0.99, 0.95)
+    assert torch.allclose(advantages, expected, atol=1e-6) and torch.allclose(targets, expected_targets, atol=1e-6)
+    assert bool(known.all())
 
 
 @pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (0.5, 0.9), (100.0, 100.0)])

@@ -1,5 +1,5 @@
 """Turn-based (PettingZoo AEC) envs: the adapter on a tiny take-away game and on PettingZoo's connect four and
-tic-tac-toe, and the learner's batch, where a seat that waits for its turn makes no sample and trains no policy."""
+tic-tac-toe, and the learner's batch, where a seat that waits for its turn makes no sample and trains nothing."""
 
 import numpy as np
 import pytest
@@ -12,8 +12,10 @@ from appo.envs.action_masks import NoLegalAction
 from appo.envs.registry import EnvError
 from appo.learning.batching import BatchBuilder
 from appo.learning.model import ActorCritic
-from appo.learning.ppo import minibatch_loss
+from appo.learning.policy import make_optimizer
+from appo.learning.ppo import moves_only, ppo_updates
 from appo.memory.buffers import Layout, TrajBuffers
+from appo.sampling.inference_worker import forward_moving
 from appo.spaces import MASK_KEY
 
 TAKE_AWAY = "tests.turn_envs:take_away"
@@ -111,33 +113,69 @@ def filled_buffers(cfg, env, steps: int, seed: int = 0) -> tuple[TrajBuffers, La
     return traj, layout
 
 
-def test_waiting_seats_make_no_samples_and_train_the_value_head_only():
+def test_waiting_seats_make_no_samples_and_train_nothing():
     cfg = make_config(num_agents=2, env=TAKE_AWAY, rollout=8, batch_size=16, num_envs_per_worker=1,
-                      worker_num_splits=1, num_workers=1)
+                      worker_num_splits=1, num_workers=1, ppo_epochs=2, num_batches_per_iteration=2)
     env = make_env(TAKE_AWAY)
     traj, _ = filled_buffers(cfg, env, cfg.rollout)
-    model = ActorCritic(env.observation_space, env.action_space, cfg)
     builder = BatchBuilder(cfg, traj, 0, torch.device("cpu"), masked=False, action_masks=True)
     batch = builder.build([0, 1], version=0, min_version=0, gamma=0.99)
     acted = (traj.obs[MASK_KEY][:2, :-1] > 0).any(-1)
     assert batch.own_steps == int(acted.sum()) == cfg.rollout  # one move a step, whichever seat made it
     assert torch.equal(batch.tensors["policy_mask"], torch.as_tensor(acted, dtype=torch.float32))
-
-    tensors = batch.tensors
-    tensors["bootstrap"] = torch.zeros(2)
-    advantages, targets = torch.randn(2, cfg.rollout), torch.randn(2, cfg.rollout)
     hp = Hyperparams.from_cfg(cfg)
 
-    def policy_gradient(actions: torch.Tensor, advantages: torch.Tensor) -> list[torch.Tensor]:
-        model.zero_grad()
-        mb = dict(tensors, actions=actions)
-        _, _, stats = minibatch_loss(model, cfg, hp, mb, advantages, targets)
-        stats["policy_loss"].backward()
-        return [p.grad.clone() for p in model.policy_head.parameters()]
+    def weights_after_an_iteration(tensors: dict) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = ActorCritic(env.observation_space, env.action_space, cfg)
+        optimizer = make_optimizer(model, hp.learning_rate, cfg)
+        list(ppo_updates(model, optimizer, cfg, hp, dict(tensors), torch.Generator().manual_seed(0)))
+        return [p.detach().clone() for p in model.parameters()]
 
-    # What a waiting step held (its action, its advantage) changes nothing in the policy's gradient.
+    # What a waiting step held (its action, log-probability, value) changes nothing: only the moves train.
     waiting = ~torch.as_tensor(acted)
-    other_actions = torch.where(waiting, 1 - tensors["actions"], tensors["actions"])
-    other_advantages = torch.where(waiting, advantages + 10.0, advantages)
-    for a, b in zip(policy_gradient(tensors["actions"], advantages), policy_gradient(other_actions, other_advantages)):
-        assert torch.allclose(a, b, atol=1e-6)
+    tensors = batch.tensors
+    other = dict(tensors, actions=torch.where(waiting, 1 - tensors["actions"], tensors["actions"]),
+                 log_probs=torch.where(waiting, tensors["log_probs"] - 1.0, tensors["log_probs"]),
+                 values=torch.where(waiting, tensors["values"] + 5.0, tensors["values"]))
+    before = [p.detach().clone() for p in ActorCritic(env.observation_space, env.action_space, cfg).parameters()]
+    after, after_other = weights_after_an_iteration(tensors), weights_after_an_iteration(other)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))  # it trained
+    for a, b in zip(after, after_other):
+        assert torch.equal(a, b)
+
+
+def test_a_feed_forward_learner_trains_on_the_moves_alone():
+    """After GAE over each seat's moves, the batch the minibatches come from holds the moves whose return is known,
+    one step each: about half the steps of a two-seat game."""
+    cfg = make_config(num_agents=2, env=TAKE_AWAY, rollout=16, batch_size=32, num_envs_per_worker=1,
+                      worker_num_splits=1, num_workers=1)
+    traj, _ = filled_buffers(cfg, make_env(TAKE_AWAY), cfg.rollout)
+    tensors = BatchBuilder(cfg, traj, 0, torch.device("cpu"), masked=False, action_masks=True).build(
+        [0, 1], version=0, min_version=0, gamma=0.99).tensors
+    tensors.pop("acting"), tensors.pop("truncated")  # what `ppo_updates` takes out for `losses.turn_gae`
+    advantages, targets = torch.randn(2, cfg.rollout), torch.randn(2, cfg.rollout)
+    moves, move_advantages, move_targets = moves_only(tensors, advantages, targets)
+    rows = tensors["policy_mask"] > 0
+    assert len(moves["actions"]) == int(rows.sum()) <= cfg.rollout
+    assert torch.equal(moves["actions"][:, 0], tensors["actions"][rows])
+    assert torch.equal(moves["obs"]["observation"][:, 0], tensors["obs"]["observation"][:, :-1][rows])
+    assert torch.equal(move_advantages[:, 0], advantages[rows]) and torch.equal(move_targets[:, 0], targets[rows])
+    assert "mask" not in moves and "policy_mask" not in moves
+
+
+def test_inference_runs_the_model_for_the_seats_to_move_only():
+    cfg = make_config(num_agents=2, env=TAKE_AWAY)
+    env = make_env(TAKE_AWAY)
+    model = ActorCritic(env.observation_space, env.action_space, cfg).eval()
+    obs = {"observation": torch.tensor([[1.0], [0.5], [0.5], [0.25]]),
+           MASK_KEY: torch.tensor([[1, 1], [0, 0], [1, 0], [0, 0]], dtype=torch.int8)}
+    rnn_states = torch.zeros(4, model.state_size)
+    with torch.no_grad():
+        all_params, all_values, _ = model.forward_step(obs, rnn_states)
+        moving = (obs[MASK_KEY] > 0).any(-1).numpy()
+        params, values, _ = forward_moving(model, obs, rnn_states, moving)
+        assert torch.allclose(params[moving], all_params[moving]) and torch.allclose(values[moving], all_values[moving])
+        assert not params[~moving].any() and not values[~moving].any()
+        params, values, _ = forward_moving(model, obs, rnn_states, np.zeros(4, dtype=bool))  # nobody to move
+        assert not params.any() and not values.any()

@@ -39,18 +39,19 @@ def test_connect_four_self_play_beats_a_random_player_without_an_illegal_move(tr
 
 
 @pytest.mark.timeout(120)
-def test_the_mover_and_the_waiting_seat_learn_their_own_values(trainer):
-    """Take-away from 2 stones: the mover wins by taking both. The same pile seen while waiting is a loss: the value
-    head tells the two apart by the mask (an input of the network), and the policy takes both stones."""
-    result = trainer.run("--env=tests.turn_envs:take_away", "--env_kwargs={\"pile\": 2}", "--experiment=take2",
+def test_a_move_learns_the_result_of_the_reply_it_allows(trainer):
+    """Take-away from 3 stones: the mover loses, whatever it takes, to an opponent who then takes the rest; from 2 it
+    wins by taking both. The loss comes on the opponent's move, while the seat waits: it reaches the seat's own move
+    before it (`losses.turn_gae`), so the value head learns 3 stones as a loss and 2 as a win."""
+    result = trainer.run("--env=tests.turn_envs:take_away", "--env_kwargs={\"pile\": 3}", "--experiment=take3",
                          "--num_workers=1", "--train_for_env_steps=30000", "--seed=0", timeout=100)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    policy = load_policy(os.path.join(trainer.train_dir, "take2"))
-    pile = {"observation": torch.tensor([[1.0], [1.0]]), MASK_KEY: torch.tensor([[1, 1], [0, 0]])}
+    policy = load_policy(os.path.join(trainer.train_dir, "take3"))
+    piles = {"observation": torch.tensor([[1.0], [2 / 3]]), MASK_KEY: torch.tensor([[1, 1], [1, 1]])}
     with torch.no_grad():
-        params, values, _ = policy.model.forward_step(pile, torch.zeros(2, policy.model.state_size))
-    assert values[0] > 0.8 and values[1] < -0.8, values
-    assert torch.softmax(params[0], -1)[1] > 0.95
+        params, values, _ = policy.model.forward_step(piles, torch.zeros(2, policy.model.state_size))
+    assert values[0] < -0.5 and values[1] > 0.8, values
+    assert torch.softmax(params[1], -1)[1] > 0.95
 
 
 @pytest.mark.timeout(120)

@@ -96,6 +96,7 @@ class InferenceConfig(ModelFlags):
     policy_workers_per_policy: int
     shared_inference_workers: bool
     self_play_opponents: int
+    with_vtrace: bool
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,7 +88,7 @@ class BatchBuilder:
                  action_masks: bool = False):
         """`masked`: other acting ids (policies, self-play snapshots) also fill slots, so a batch carries a mask of
         this policy's steps. `action_masks`: the model masks actions, and a step whose mask allows nothing was a seat
-        waiting for its turn (appo/envs/pettingzoo_turns.py), which trains the value head but not the policy."""
+        waiting for its turn (appo/envs/pettingzoo_turns.py), which trains nothing itself."""
         self.cfg, self.policy_id, self.device, self.masked = cfg, policy_id, device, masked
         self.traj = traj.torch_views()
         self.action_masks = action_masks
@@ -97,18 +97,20 @@ class BatchBuilder:
         """Which steps [n, T] of these slots this policy took."""
         return self.traj["policy_ids"][index] == self.policy_id
 
-    def acted(self, index: Tensor) -> Tensor | None:
-        """Which steps [n, T] of these slots acted (their action mask allowed something); None without masks."""
+    def acting(self, index: Tensor) -> Tensor | None:
+        """Where [n, T+1] the seats of these slots were to act (their action mask allowed something), column T the
+        observation after the last step; None without masks."""
         if not self.action_masks:
             return None
-        return (self.traj["obs"][MASK_KEY][index, :-1] > 0).any(dim=-1)
+        return (self.traj["obs"][MASK_KEY][index] > 0).any(dim=-1)
 
     def build(self, slots: list[int], version: int, min_version: int, gamma: float) -> Batch:
         """A batch of the slots' fresh enough trajectories; too old means a step more than --max_policy_lag
         versions behind `version`, or sampled by weights older than `min_version` (replaced since, by PBT)."""
         index = torch.tensor(slots, dtype=torch.long)
         traj, cfg = self.traj, self.cfg
-        valid, acted = self.own_steps(index), self.acted(index)
+        valid, acting = self.own_steps(index), self.acting(index)
+        acted = None if acting is None else acting[:, :-1]
         versions = traj["policy_versions"][index]
         oldest = torch.where(valid, versions, torch.full_like(versions, version)).min(dim=1).values
         fresh = ((version - oldest) <= cfg.max_policy_lag) & (oldest >= min_version)
@@ -121,13 +123,16 @@ class BatchBuilder:
         result.lags = (lags.min().item(), lags.max().item(), lags.mean().item())
         batch = {name: select(traj[name], keep, self.device) for name in self.FIELDS}
         done_codes = batch["dones"]
-        batch["rewards"] = losses.shaped_rewards(batch["rewards"], (done_codes == TRUNCATED).float(), batch["values"],
+        truncated = (done_codes == TRUNCATED).float()
+        batch["rewards"] = losses.shaped_rewards(batch["rewards"], truncated, batch["values"],
                                                  gamma, cfg.reward_scale, cfg.reward_clip, cfg.value_bootstrap)
         batch["dones"] = (done_codes > 0).float()
         result.nonfinite = replace_nonfinite_(batch)
         if self.masked:  # only this policy's steps are learned from (not other policies', snapshots')
             batch["mask"] = valid[fresh].float().to(self.device)
-        if acted is not None:  # and only the steps that acted train the policy
+        if acted is not None:  # and only the steps that acted train (`ppo_updates` passes the waiting ones through)
             batch["policy_mask"] = (valid & acted)[fresh].float().to(self.device)
+            batch["acting"] = acting[fresh].float().to(self.device)
+            batch["truncated"] = truncated
         result.tensors = batch
         return result

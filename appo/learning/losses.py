@@ -42,6 +42,39 @@ def gae(rewards: Tensor, dones: Tensor, values: Tensor, bootstrap: Tensor, gamma
     return advantages, advantages + values
 
 
+def turn_gae(rewards: Tensor, dones: Tensor, truncated: Tensor, values: Tensor, bootstrap: Tensor, acting: Tensor,
+             gamma: float, lam: float) -> tuple[Tensor, Tensor, Tensor]:
+    """GAE over the moves of a seat in a turn-based game, its waiting steps passed through; returns (advantages,
+    value targets, known) [n, T].
+
+    `acting` [n, T+1] says where the seat was to move (column T: the bootstrap observation). A waiting step is no
+    decision: its reward and episode end belong to the seat's move before it, and that move's next state is the
+    seat's next turn, so gamma and lambda apply once a move and no waiting state's value is needed. A move whose next
+    turn lies past the trajectory (or past a time limit hit while waiting) has no known return: `known` is 0 there,
+    and the moves before it bootstrap from its value. Waiting steps have advantage 0 and `known` 0. With every step
+    acting this is `gae`."""
+    advantages, known = torch.zeros_like(values), torch.zeros_like(values)
+    running, next_value = torch.zeros_like(bootstrap), bootstrap
+    carry_reward, carry_done = torch.zeros_like(bootstrap), torch.zeros_like(bootstrap)
+    unknown = 1.0 - acting[:, -1]
+    for t in reversed(range(values.shape[1])):
+        act, done = acting[:, t] > 0, dones[:, t]
+        reward = rewards[:, t] + (1.0 - done) * carry_reward
+        ended = torch.maximum(done, carry_done)
+        # A time limit on an acting step is credited in its reward (`shaped_rewards`); on a waiting one it is not.
+        unknown = (1.0 - done) * unknown + done * truncated[:, t] * (~act).float()
+        delta = reward + gamma * (1.0 - ended) * next_value - values[:, t]
+        move_advantage = (delta + gamma * lam * (1.0 - ended) * running) * (1.0 - unknown)
+        advantages[:, t] = torch.where(act, move_advantage, 0.0)
+        known[:, t] = torch.where(act, 1.0 - unknown, 0.0)
+        running = torch.where(act, move_advantage, running)
+        next_value = torch.where(act, values[:, t], next_value)
+        carry_reward = torch.where(act, 0.0, reward)
+        carry_done = torch.where(act, 0.0, ended)
+        unknown = torch.where(act, 0.0, unknown)
+    return advantages, advantages + values, known
+
+
 def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tensor, dones: Tensor,
            values: Tensor, bootstrap: Tensor, gamma: float, rho_bar: float, c_bar: float
            ) -> tuple[Tensor, Tensor]:

@@ -36,7 +36,7 @@ MASKED_LOGIT = torch.finfo(torch.float32).min
 def masked_logits(logits: Tensor, mask: Tensor, sizes: list[int]) -> Tensor:
     """`logits` [..., sum(sizes)] with the actions `mask` (same shape, 0/1) does not allow set to MASKED_LOGIT, part by
     part (`sizes`: choices per part). A part whose mask allows nothing is left as it is: that row is a seat waiting
-    for its turn (appo/envs/pettingzoo_turns.py), which does not act and trains no policy."""
+    for its turn (appo/envs/pettingzoo_turns.py), which does not act and trains nothing."""
     parts = (mask > 0).split(sizes, dim=-1)
     allowed = torch.cat([part | ~part.any(dim=-1, keepdim=True) for part in parts], dim=-1)
     return logits.masked_fill(~allowed, MASKED_LOGIT)

@@ -6,7 +6,8 @@ are in appo/learning/losses.py.
 A batch holds, per trajectory of T steps: obs [n, T+1, ...] (step T is the bootstrap observation), rnn_states
 [n, T+1, H], actions, log_probs and values (the behaviour policy's), rewards and dones [n, T], with more than
 one acting id a `mask` [n, T] of the steps this policy took, and with action masks a `policy_mask` [n, T] of those
-steps that acted (a turn-based game's waiting seats train the value head only).
+steps that acted, `acting` [n, T+1] (where the seat was to move) and `truncated` [n, T] (the time limits): a turn-based
+game's waiting steps train nothing, `losses.turn_gae` passes them through to the seat's move before.
 """
 
 from __future__ import annotations
@@ -222,12 +223,35 @@ def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
 
 
+def moves_only(batch: dict[str, Any], advantages: Tensor, targets: Tensor
+               ) -> tuple[dict[str, Any], Tensor, Tensor]:
+    """The steps that train (`policy_mask`) as trajectories of one step each, with their advantages and targets. A
+    feed-forward model needs no step's neighbours once GAE is done, and a turn-based game's waiting steps, half its
+    steps, then cost the learner nothing. Each one-step trajectory's second observation repeats its first (a view):
+    the layout wants T+1, and nothing reads it after `bootstrap_values`."""
+    rows = batch["policy_mask"] > 0
+
+    def one_step(x: Tensor) -> Tensor:
+        return x[rows].unsqueeze(1)
+
+    def with_next(x: Tensor) -> Tensor:
+        taken = x[:, :-1][rows]
+        return taken.unsqueeze(1).expand(len(taken), 2, *taken.shape[1:])
+
+    moves = {name: one_step(x) for name, x in batch.items()
+             if name not in ("obs", "rnn_states", "bootstrap", "mask", "policy_mask")}
+    moves["obs"] = {key: with_next(obs) for key, obs in batch["obs"].items()}
+    moves["rnn_states"] = with_next(batch["rnn_states"])
+    return moves, one_step(advantages), one_step(targets)
+
+
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                 batch: dict[str, Any], shuffle: torch.Generator | None = None,
                 another_epoch: Callable[[], bool] | None = None,
                 ranks: RankGroup | None = None) -> Iterator[Tensor]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
-    bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`), then up to
+    bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`; with action masks, over
+    each seat's own moves, `losses.turn_gae`, and a feed-forward model trains on those moves alone), then up to
     --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
     minibatch's `UPDATE_FIELDS` (`train_step`) right after its step. `shuffle` draws the
     minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
@@ -237,8 +261,15 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     batch["bootstrap"] = bootstrap_values(model, batch)
     if cfg.proximal_policy == "iteration":  # GAE only (appo/config/checks.py)
         batch["proximal_log_probs"] = proximal_log_probs(model, cfg.recurrence, batch)
+    acting, truncated = batch.pop("acting", None), batch.pop("truncated", None)
     advantages = targets = None
-    if not cfg.with_vtrace:
+    if not cfg.with_vtrace and acting is not None:
+        advantages, targets, known = losses.turn_gae(batch["rewards"], batch["dones"], truncated, batch["values"],
+                                                     batch["bootstrap"], acting, hp.gamma, hp.gae_lambda)
+        batch["mask"] = batch["policy_mask"] = batch["policy_mask"] * known  # the value head learns the moves too
+        if cfg.recurrence == 1:
+            batch, advantages, targets = moves_only(batch, advantages, targets)
+    elif not cfg.with_vtrace:
         advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"], batch["bootstrap"],
                                          hp.gamma, hp.gae_lambda)
     n = batch["rewards"].shape[0]

@@ -34,6 +34,7 @@ from appo.learning.model import ActorCritic
 from appo.learning.weights import WeightsSubscriber
 from appo.memory.buffers import WAKE_TIMEOUT_S
 from appo.messages import WAKE, InferenceReport, WorkerReady
+from appo.spaces import MASK_KEY
 from appo.utils.logs import log
 from appo.utils.process import init_worker
 from appo.utils.timing import Timing
@@ -77,6 +78,10 @@ class InferenceWorker(WorkerRole):
         self.weights_names = ctx.weights_names
         self.weights: list[WeightsSubscriber | None] = [None] * len(self.policies)
         self.single_id = num_acting_ids(cfg) == 1
+        # A seat waiting for its turn (an action mask that allows nothing) needs no forward pass where nothing reads
+        # its action, log-probability or value: GAE passes waiting steps through (`losses.turn_gae`). V-trace and a
+        # recurrent core read every step.
+        self.skip_waiting = self.models[0].masked and not cfg.use_rnn and not cfg.with_vtrace
         self.generator = torch.Generator(self.device)
         if cfg.seed is not None:
             self.generator.manual_seed(cfg.seed + 7919 * (shard * k + index))
@@ -194,11 +199,13 @@ class InferenceWorker(WorkerRole):
         timing, traj, device = self.timing, self.traj, self.device
         with timing.time("forward"):
             slots, steps, acting = self._locate(requests)
-            obs = {}
+            obs, moving = {}, None
             for key, array in traj.obs.items():
                 rows = array[slots, steps]
                 if rows.dtype.kind == "f" and not np.isfinite(rows).all():
                     rows = self._sanitize(key, array, rows, slots, steps)
+                if key == MASK_KEY and self.skip_waiting:
+                    moving = (rows > 0).any(axis=-1)
                 obs[key] = torch.from_numpy(rows).to(device)
             rnn_states = torch.from_numpy(traj.rnn_states[slots, steps]).to(device)
         if acting is None:
@@ -214,8 +221,8 @@ class InferenceWorker(WorkerRole):
                 weights.update()
             with timing.time("forward"):
                 part = slice(begin, end) if len(id_rows) > 1 else slice(None)
-                outputs.append(self.models[local].forward_step({key: x[part] for key, x in obs.items()},
-                                                                rnn_states[part]))
+                outputs.append(forward_moving(self.models[local], {key: x[part] for key, x in obs.items()},
+                                              rnn_states[part], None if moving is None else moving[part]))
                 versions.append(weights.version)
         with timing.time("forward"):
             params, values, next_rnn_states = (torch.cat(parts) for parts in zip(*outputs)) if len(id_rows) > 1 \
@@ -272,3 +279,19 @@ class InferenceWorker(WorkerRole):
                                               timing=self.timing.take(), nonfinite=self.nonfinite,
                                               state=f"weights version {versions}"))
         self.samples = self.batches = self.requests = self.nonfinite = 0
+
+
+def forward_moving(model: ActorCritic, obs: dict[str, torch.Tensor], rnn_states: torch.Tensor,
+                   moving: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`model.forward_step` for these rows; with `moving` (`skip_waiting`) only for the rows whose mask allows an
+    action, the waiting ones getting zeros (and their RNN state as it was): half the forward passes of a two-seat
+    game."""
+    if moving is None or moving.all():
+        return model.forward_step(obs, rnn_states)
+    index = torch.from_numpy(np.flatnonzero(moving)).to(rnn_states.device)
+    params = torch.zeros(len(moving), model.policy_head.out_features, device=rnn_states.device)
+    values = torch.zeros(len(moving), device=rnn_states.device)
+    if len(index):
+        params[index], values[index], _ = model.forward_step({key: x[index] for key, x in obs.items()},
+                                                             rnn_states[index])
+    return params, values, rnn_states
