@@ -49,15 +49,32 @@ def allowed(mask: np.ndarray, sizes: list[int], action: Any) -> bool:
 
 
 def legal_random_action(action_space: gym.Space, mask: np.ndarray, rng: np.random.Generator) -> Any:
-    """A uniformly random action among those `mask` allows (each part of a MultiDiscrete drawn on its own)."""
+    """A uniformly random action among those `mask` allows (each part of a MultiDiscrete drawn on its own). A mask
+    that allows nothing (a seat waiting for its turn, whose action the env does not play) gives the first action."""
     if isinstance(action_space, gym.spaces.Discrete):
-        return int(action_space.start + rng.choice(np.flatnonzero(mask)))
+        choices = np.flatnonzero(mask)
+        return int(action_space.start + (rng.choice(choices) if len(choices) else 0))
     parts, offset = [], 0
     for n in action_space.nvec:
         choices = np.flatnonzero(mask[offset:offset + n])
         parts.append(rng.choice(choices) if len(choices) else 0)
         offset += n
     return np.array(parts, dtype=action_space.dtype)
+
+
+def random_actions(action_space: gym.Space, obs: Any, num_agents: int, rng: np.random.Generator) -> tuple[Any, int]:
+    """A uniformly random action for each of `num_agents` agents (one alone, several as a list), and how many act.
+    Under an action mask (a Dict observation's `action_mask`, one row per agent) each action is one its row allows,
+    as masked sampling takes, and an agent whose row allows nothing waits for its turn and is not counted: a
+    turn-based game counts moves."""
+    masks = obs.get(MASK_KEY) if isinstance(obs, dict) else None
+    if masks is None:
+        actions, acting = [action_space.sample() for _ in range(num_agents)], num_agents
+    else:
+        rows = np.asarray(masks).reshape(num_agents, -1)
+        actions = [legal_random_action(action_space, row, rng) for row in rows]
+        acting = int(rows.any(axis=1).sum())
+    return (actions[0] if num_agents == 1 else actions), acting
 
 
 class ActionMasks(gym.Wrapper):

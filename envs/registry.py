@@ -296,21 +296,24 @@ def within(limit_s: float, probe: Callable[[], Any]) -> Any:
 
 def measure_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | None = None, budget_s: float = 0.2,
                          max_steps: int = 100) -> float:
-    """Mean wall time of env.step with random actions (drawn from `actions`, by default the env's action space),
-    over at most `budget_s` or `max_steps` (and at least one step); resets are not counted. Read at start-up to size
-    the sampler (appo/config/auto.py)."""
-    env.reset(seed=0)
+    """Mean wall time of env.step with random actions (drawn from `actions`, by default the env's action space;
+    legal ones under an action mask, as the trainer plays), over at most `budget_s` or `max_steps` (and at least
+    one step); resets are not counted. Read at start-up to size the sampler (appo/config/auto.py)."""
+    from appo.envs.action_masks import random_actions  # (that module imports this one)
+
+    obs, _ = env.reset(seed=0)
     actions = env.action_space if actions is None else actions
     actions.seed(0)
+    rng = np.random.default_rng(0)
     stepping, steps, start = 0.0, 0, time.perf_counter()
     while steps == 0 or (steps < max_steps and time.perf_counter() - start < budget_s):
-        action = actions.sample() if num_agents == 1 else [actions.sample() for _ in range(num_agents)]
+        action, _ = random_actions(actions, obs, num_agents, rng)
         before = time.perf_counter()
-        _, _, terminated, truncated, _ = env.step(action)
+        obs, _, terminated, truncated, _ = env.step(action)
         stepping += time.perf_counter() - before
         steps += 1
         if np.all(terminated) or np.all(truncated):
-            env.reset()
+            obs, _ = env.reset()
     return stepping / steps
 
 

@@ -11,8 +11,8 @@ import torch
 
 from appo.config.cfg import make_config
 from appo.envs import make_env
-from appo.envs.action_masks import ActionMasks, NoLegalAction, allowed, legal_random_action
-from appo.envs.registry import EnvError
+from appo.envs.action_masks import ActionMasks, NoLegalAction, allowed, legal_random_action, random_actions
+from appo.envs.registry import EnvError, measure_step_seconds
 from appo.learning.model import MASKED_LOGIT, ActionDistribution, ActorCritic, masked_logits
 from appo.spaces import MASK_KEY, mask_size, masks_actions
 
@@ -223,3 +223,24 @@ def test_an_env_with_a_mask_in_its_reset_info_gets_it_read_by_default():
     assert cfg.action_mask == "none" and not any("action_mask" in line for line in lines)
     cfg, _ = new_experiment_defaults(["--env=CartPole-v1"])
     assert cfg.action_mask == "auto"
+
+
+def test_random_play_takes_legal_moves_and_counts_the_seats_that_move():
+    """As the raw limit, the start-up step timing and the decorrelating steps play."""
+    space, rng = gym.spaces.Discrete(4), np.random.default_rng(0)
+    turn = {"action_mask": np.array([[0, 1, 0, 1], [0, 0, 0, 0]], dtype=np.int8)}  # seat 1 waits for its turn
+    for _ in range(20):
+        (mover, waiting), acting = random_actions(space, turn, 2, rng)
+        assert mover in (1, 3) and waiting == 0 and acting == 1
+    actions, acting = random_actions(space, {"obs": np.zeros(3)}, 2, rng)  # no mask: every agent acts
+    assert len(actions) == 2 and all(0 <= a < 4 for a in actions) and acting == 2
+    assert random_actions(space, np.zeros(3), 1, rng)[1] == 1
+
+
+
+def test_the_start_up_step_timing_plays_legal_moves():
+    """Random columns would end connect four at the first illegal one, with PettingZoo's warning on every run."""
+    pytest.importorskip("pettingzoo")
+    env = make_env("pettingzoo.classic.connect_four_v3:env")
+    measure_step_seconds(env, num_agents=2, max_steps=100, budget_s=60.0)
+    assert env.take_illegal() == 0

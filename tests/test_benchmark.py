@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import gymnasium as gym
-import numpy as np
 import pytest
 
 from appo.config.cfg import parse_config
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
 from appo.messages import ActorReport
 from appo.run.reporting import TIME_SHARES, Reports, diagnose
-from appo.tools.raw_limit import machine_raw_limit, random_action
+from appo.tools.raw_limit import machine_raw_limit
 from tests.conftest import REPO, leaked_segments
 
 TINY = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--decorrelate_envs_on_one_worker=False"]
@@ -139,17 +138,6 @@ def test_the_raw_limit_of_batched_sampling_steps_the_vectorised_envs():
     assert raw["env_frames_per_s"] > single["env_frames_per_s"] > 0  # 32 sub-envs a native call beat 64 env.step()s
 
 
-def test_the_raw_limit_plays_legal_moves_and_counts_the_seats_that_move():
-    space, rng = gym.spaces.Discrete(4), np.random.default_rng(0)
-    turn = {"action_mask": np.array([[0, 1, 0, 1], [0, 0, 0, 0]], dtype=np.int8)}  # seat 1 waits for its turn
-    for _ in range(20):
-        (mover, waiting), acting = random_action(space, turn, 2, rng)
-        assert mover in (1, 3) and waiting == 0 and acting == 1
-    actions, acting = random_action(space, {"obs": np.zeros(3)}, 2, rng)  # no mask: every agent acts
-    assert len(actions) == 2 and all(0 <= a < 4 for a in actions) and acting == 2
-    assert random_action(space, np.zeros(3), 1, rng)[1] == 1
-
-
 def test_throughput_counts_only_steps_taken_after_every_actor_sampled(tmp_path):
     cfg = parse_config(["--env=CartPole-v1", "--num_workers=2", "--benchmark=True"])
     now = [100.0]  # a fake clock: the half second between the reports passes at once
@@ -182,7 +170,6 @@ def test_the_raw_limit_counts_what_plain_processes_step():
 def test_the_cnn_benchmark_builds_a_minibatch_of_whole_trajectories():
     """scripts/bench_cnn.py's minibatch: --rollout steps per trajectory, actions the model can score, and a time per
     call that counts calls."""
-    import gymnasium as gym
     import torch
 
     from appo.learning.model import ActorCritic

@@ -1,4 +1,6 @@
-"""The learner in-process (no processes): how many passes an iteration trains."""
+"""The learner in-process (no processes): how many passes an iteration trains, and when it waits."""
+
+import time
 
 import pytest
 
@@ -64,3 +66,33 @@ def test_each_iteration_trains_at_the_scheduled_learning_rate(rig):
     learner = train_once(rig, next_iteration_in=False, env_steps=500 - batch_steps)
     assert learner.policy.env_steps == 500
     assert learner.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)
+
+
+def queue_trajectories(rig: LearnerRig, learner, count: int) -> None:
+    """`count` fresh trajectories of policy 0 owed to `learner` and queued, as the actors' hints would queue them."""
+    slots = list(range(count))
+    rig.traj.policy_ids[slots] = 0
+    rig.traj.policy_versions[slots] = 0
+    rig.control.slot_owed[0][slots] = 1
+    learner.on_message(slots)
+
+
+def test_with_an_iteration_queued_the_learner_trains_without_waiting_on_its_empty_inbox(rig):
+    """Actors paused for the backlog send nothing: a learner that waited on its inbox first would idle both sides for
+    the whole timeout before each iteration (a quarter of a connect four run's learner time)."""
+    learner = rig.learner(0)
+    queue_trajectories(rig, learner, learner.backlog_limit + 1)
+    started = time.monotonic()
+    learner.step(timeout=60.0)
+    assert learner.policy.version == 1
+    assert time.monotonic() - started < 30.0  # an iteration of 32 samples; a wait would take the 60 s
+
+
+def test_the_pause_lifts_once_the_iteration_in_training_leaves_the_backlog(rig):
+    """The backlog is what waits beyond the iteration being trained: one over the limit pauses the actors, and popping
+    that iteration lifts the pause before its SGD starts."""
+    learner = rig.learner(0)
+    queue_trajectories(rig, learner, learner.backlog_limit + 1)
+    learner.step(timeout=0.0)
+    assert len(learner.owed) == learner.backlog_limit + 1 - learner.trajs_per_iteration
+    assert rig.control.learners.pause_collection[0] == 0

@@ -202,16 +202,19 @@ class Learner(WorkerRole):
     def step(self, timeout: float) -> None:
         """Read the inbox (waiting at most `timeout` seconds), train an iteration if one's worth of trajectories
         waits, then what is due: a scan for slots whose hint was lost, a checkpoint, a report."""
+        # With an iteration's trajectories queued the inbox is only read, not waited on: actors paused for the
+        # backlog send nothing, and a wait here would leave both sides idle.
         with self.timing.time("wait"):
             try:
-                for message in self.inbox.get_many(timeout=timeout):
+                for message in self.inbox.get_many(block=not self._iteration_ready(), timeout=timeout):
                     self.on_message(message)
             except Empty:
                 pass
-        self.control.learners.pause_collection[self.policy_id] = len(self.owed) > self.backlog_limit
-        # Past the env-step budget it only waits to be stopped, so a run ends at a repeatable version.
-        if len(self.owed) >= self.trajs_per_iteration and self.policy.env_steps < self.cfg.train_for_env_steps:
-            self.train_iteration(self.owed.pop(self.trajs_per_iteration))
+        self._pause_on_backlog()
+        if self._iteration_ready():
+            slots = self.owed.pop(self.trajs_per_iteration)
+            self._pause_on_backlog()  # the backlog is now what waits beyond this iteration
+            self.train_iteration(slots)
         now = time.monotonic()
         if now - self.last_scan > RESCAN_INTERVAL_S:
             self._take(self.owed.scan())
@@ -224,6 +227,15 @@ class Learner(WorkerRole):
             self.last_report = now
         if self.leader is not None:
             self.leader.keep_in_step()
+
+    def _pause_on_backlog(self) -> None:
+        """Ask the actors to pause while more than `backlog_limit` trajectories are queued."""
+        self.control.learners.pause_collection[self.policy_id] = len(self.owed) > self.backlog_limit
+
+    def _iteration_ready(self) -> bool:
+        """Whether an iteration's trajectories are queued and the env-step budget is not spent (past it the learner
+        only waits to be stopped, so a run ends at a repeatable version)."""
+        return len(self.owed) >= self.trajs_per_iteration and self.policy.env_steps < self.cfg.train_for_env_steps
 
     def close(self) -> None:
         """A last checkpoint and report, when the run stops."""

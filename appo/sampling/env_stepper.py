@@ -21,10 +21,10 @@ import numpy as np
 
 from appo.config.cfg import env_kwargs
 from appo.envs import make_env
-from appo.envs.action_masks import ActionMasks, NoLegalAction, legal_random_action
+from appo.envs.action_masks import ActionMasks, NoLegalAction, random_actions
 from appo.memory.buffers import TERMINATED, TRUNCATED
 from appo.memory.control import MAKE, NO_CALL, RESET, STEP
-from appo.spaces import MASK_KEY, to_env_action
+from appo.spaces import to_env_action
 from appo.utils.logs import log
 from appo.utils.process import FatalError
 from appo.utils.timing import Timing
@@ -99,13 +99,9 @@ class EnvStepper:
 
     def _random_actions(self, env: gym.Env, obs):
         """Uniformly random actions, among those the observation's action mask allows where it has one."""
-        masks = obs.get(MASK_KEY) if isinstance(obs, dict) and self.cfg.action_mask != "none" else None
-        if masks is None:
-            actions = [env.action_space.sample() for _ in range(self.num_agents)]
-        else:
-            space, rows = env.action_space, np.asarray(masks).reshape(self.num_agents, -1)
-            actions = [legal_random_action(space, mask, self.rng) if mask.any() else space.sample() for mask in rows]
-        return actions[0] if self.num_agents == 1 else np.stack(actions)
+        masked = obs if self.cfg.action_mask != "none" else None
+        actions, _ = random_actions(env.action_space, masked, self.num_agents, self.rng)
+        return actions if self.num_agents == 1 else np.stack(actions)
 
     # ---------------------------------------------------------------- stepping
     def step(self, s: int, actions: np.ndarray) -> tuple[list, list, list[tuple[int, int, dict]]]:

@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from appo.envs import env_info, make_env
-from appo.spaces import MASK_KEY
+from appo.envs.action_masks import random_actions
 from appo.tools.trainer_process import run_trainer
 
 
@@ -39,25 +38,11 @@ def _step_envs(env_id: str, env_kwargs: dict, num_envs: int, seconds: float, sta
     steps, deadline = 0, time.time() + seconds
     while time.time() < deadline:
         for i, env in enumerate(envs):
-            action, acting = random_action(env.action_space, observations[i], num_agents, rng)
+            action, acting = random_actions(env.action_space, observations[i], num_agents, rng)
             obs, _, terminated, truncated, _ = env.step(action)
             observations[i] = env.reset()[0] if terminated or truncated else obs
             steps += acting
     counts[index] = steps
-
-
-def random_action(space: gym.Space, obs: Any, num_agents: int, rng: np.random.Generator) -> tuple[Any, int]:
-    """A random action for each agent, and how many agents act (the steps the trainer counts). Under an action mask
-    (a Dict observation's `action_mask`, one row per agent) the action is a legal one, as masked sampling takes, and
-    a seat whose mask allows nothing waits for its turn (action 0, no step counted: a turn-based game counts moves)."""
-    masks = obs.get(MASK_KEY) if isinstance(obs, dict) and isinstance(space, gym.spaces.Discrete) else None
-    if masks is None:
-        actions, acting = [space.sample() for _ in range(num_agents)], num_agents
-    else:
-        rows = np.asarray(masks).reshape(num_agents, -1)
-        actions = [int(rng.choice(np.flatnonzero(row))) if row.any() else 0 for row in rows]
-        acting = int(rows.any(axis=1).sum())
-    return (actions if num_agents > 1 else actions[0]), acting
 
 
 def _step_vector_envs(env_id: str, env_kwargs: dict, num_envs: int, num_splits: int, seconds: float, start_at: float,
