@@ -87,12 +87,3 @@ def test_with_an_iteration_queued_the_learner_trains_without_waiting_on_its_empt
     assert learner.policy.version == 1
     assert time.monotonic() - started < 30.0  # an iteration of 32 samples; a wait would take the 60 s
 
-
-def test_the_pause_lifts_once_the_iteration_in_training_leaves_the_backlog(rig):
-    """The backlog is what waits beyond the iteration being trained: one over the limit pauses the actors, and popping
-    that iteration lifts the pause before its SGD starts."""
-    learner = rig.learner(0)
-    queue_trajectories(rig, learner, learner.backlog_limit + 1)
-    learner.step(timeout=0.0)
-    assert len(learner.owed) == learner.backlog_limit + 1 - learner.trajs_per_iteration
-    assert rig.control.learners.pause_collection[0] == 0

@@ -131,6 +131,18 @@ class LearnerCounters:
         self.samples = self.dropped = self.skipped_updates = self.nonfinite = 0
 
 
+def minibatch_generator(device: torch.device, seed: int | None) -> torch.Generator:
+    """The learner's own generator for drawing minibatches, so that its draws do not depend on what else runs in the
+    process (--serial_mode runs inference there too); seeded (torch's global generator too) or at random."""
+    generator = torch.Generator(device)
+    if seed is None:
+        generator.seed()
+    else:
+        torch.manual_seed(seed)
+        generator.manual_seed(seed)
+    return generator
+
+
 class Learner(WorkerRole):
     """The process side of one policy (module docstring). Owns the policy, its checkpoints and PBT transfer files;
     writes its weights segments and `control.learners` entries (version, env and train steps, pause_collection),
@@ -151,14 +163,7 @@ class Learner(WorkerRole):
         self.report_iterations = report_iterations
         self.device = rank_device(resolve_device(cfg.device), 0, cfg.learner_processes_per_policy)
         self.checkpoint_dir = checkpoint_dir(ctx.exp_dir, policy_id)
-        # Minibatches are drawn from a generator of the learner's own, so that its draws do not depend on what else
-        # runs in the process (--serial_mode runs inference there too).
-        self.shuffle = torch.Generator(self.device)
-        if cfg.seed is None:
-            self.shuffle.seed()
-        else:
-            torch.manual_seed(cfg.seed + policy_id)
-            self.shuffle.manual_seed(cfg.seed + policy_id)
+        self.shuffle = minibatch_generator(self.device, None if cfg.seed is None else cfg.seed + policy_id)
         self.policy = Policy(policy_id, cfg, ctx.spaces, self.device, flags)
         self.policy.model.set_bf16_images(cfg.learner_bf16)
         checkpoint = self._load()
@@ -200,21 +205,18 @@ class Learner(WorkerRole):
         self.report()
 
     def step(self, timeout: float) -> None:
-        """Read the inbox (waiting at most `timeout` seconds), train an iteration if one's worth of trajectories
-        waits, then what is due: a scan for slots whose hint was lost, a checkpoint, a report."""
-        # With an iteration's trajectories queued the inbox is only read, not waited on: actors paused for the
-        # backlog send nothing, and a wait here would leave both sides idle.
+        """Read the inbox, train an iteration if one's worth of trajectories waits, then what is due: a scan for
+        slots whose hint was lost, a checkpoint, a report. The read waits (at most `timeout` seconds) only with no
+        iteration queued: actors paused for the backlog send nothing, and a wait would leave both sides idle."""
         with self.timing.time("wait"):
             try:
                 for message in self.inbox.get_many(block=not self._iteration_ready(), timeout=timeout):
                     self.on_message(message)
             except Empty:
                 pass
-        self._pause_on_backlog()
+        self.control.learners.pause_collection[self.policy_id] = len(self.owed) > self.backlog_limit
         if self._iteration_ready():
-            slots = self.owed.pop(self.trajs_per_iteration)
-            self._pause_on_backlog()  # the backlog is now what waits beyond this iteration
-            self.train_iteration(slots)
+            self.train_iteration(self.owed.pop(self.trajs_per_iteration))
         now = time.monotonic()
         if now - self.last_scan > RESCAN_INTERVAL_S:
             self._take(self.owed.scan())
@@ -228,13 +230,8 @@ class Learner(WorkerRole):
         if self.leader is not None:
             self.leader.keep_in_step()
 
-    def _pause_on_backlog(self) -> None:
-        """Ask the actors to pause while more than `backlog_limit` trajectories are queued."""
-        self.control.learners.pause_collection[self.policy_id] = len(self.owed) > self.backlog_limit
-
     def _iteration_ready(self) -> bool:
-        """Whether an iteration's trajectories are queued and the env-step budget is not spent (past it the learner
-        only waits to be stopped, so a run ends at a repeatable version)."""
+        """An iteration is queued, within the env-step budget (past it: wait to be stopped, at a repeatable version)."""
         return len(self.owed) >= self.trajs_per_iteration and self.policy.env_steps < self.cfg.train_for_env_steps
 
     def close(self) -> None:
