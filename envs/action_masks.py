@@ -67,7 +67,8 @@ def random_actions(action_space: gym.Space, obs: Any, num_agents: int, rng: np.r
     Under an action mask (a Dict observation's `action_mask`, one row per agent) each action is one its row allows,
     as masked sampling takes, and an agent whose row allows nothing waits for its turn and is not counted: a
     turn-based game counts moves."""
-    masks = obs.get(MASK_KEY) if isinstance(obs, dict) else None
+    discrete = isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))  # what masks can mask
+    masks = obs.get(MASK_KEY) if discrete and isinstance(obs, dict) else None
     if masks is None:
         actions, acting = [action_space.sample() for _ in range(num_agents)], num_agents
     else:
