@@ -198,6 +198,9 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     if not resuming:
         cfg, info, auto_lines = _apply_auto(cfg, given, info)
     cfg = resolve(cfg, info.num_agents)
+    if cfg.random_opening_moves and not info.turn_based:
+        raise ConfigError(f"--random_opening_moves={cfg.random_opening_moves}: only a turn-based game (a PettingZoo "
+                          f"AEC env) has openings to play, and --env={cfg.env} is not one; use 0")
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
     except TypeError as exc:

@@ -15,6 +15,9 @@
   An agent that is out while others play on (a multi-player game) is stepped out with `None` as the AEC API asks,
   and its seat sees zeros from then on.
 - A seat to move whose mask allows nothing stops the run (`NoLegalAction`), naming the env and the move.
+- With `random_opening_moves` (training's `--random_opening_moves`), a game starts after a random number, 0 to that,
+  of uniformly random legal moves: self-play alone keeps to its own lines of play, and a player from elsewhere leads
+  it off them. An opening that ends the game is played again.
 Actions must be Discrete or MultiDiscrete (a mask needs choices). This module never imports pettingzoo.
 """
 
@@ -25,7 +28,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.envs.action_masks import NoLegalAction
+from appo.envs.action_masks import NoLegalAction, random_actions
 from appo.envs.pettingzoo_env import seats, zeros_of
 from appo.envs.registry import EnvError
 from appo.spaces import MASK_KEY, SINGLE_KEY, SpaceError, mask_size
@@ -52,12 +55,25 @@ class TurnBasedEnv(gym.Env):
         self._zero_obs = zeros_of(self.observation_space)
         self._all_allowed = np.ones(size, dtype=np.int8)
         self.moves = 0  # moves played in this game
+        self.random_opening_moves = 0  # at most this many random legal moves start each game
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         super().reset(seed=seed)
         self.env.reset(seed=seed, options=options)
         self.moves = 0
+        self._play_opening()
         return self._observe(), {"agents": dict(getattr(self.env, "infos", {}) or {})}
+
+    def _play_opening(self) -> None:
+        """Up to `random_opening_moves` uniformly random legal moves (how many drawn per game); an opening that ends
+        the game starts it again."""
+        for _ in range(int(self.np_random.integers(0, self.random_opening_moves + 1))):
+            actions, _ = random_actions(self.action_space, self._observe(), self.num_agents, self.np_random)
+            _, _, terminated, truncated, _ = self.step(actions)
+            if terminated or truncated:
+                self.env.reset()
+                self.moves = 0
+                return
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, bool, bool, dict]:
         """One move: the action of the seat whose turn it is; the other seats' actions are ignored."""

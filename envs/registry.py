@@ -94,9 +94,11 @@ def _missing_hint(module_name: str, missing: str | None) -> str:
 
 
 def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None,
-             action_mask: str = "auto") -> gym.Env:
+             action_mask: str = "auto", random_opening_moves: int = 0) -> gym.Env:
     """A new env for `--env` (resolved as the module docstring says), its action masks (`--action_mask`) in the
-    observation and checked (envs/action_masks.py); workers call it too, so they all agree."""
+    observation and checked (envs/action_masks.py); workers call it too, so they all agree. A turn-based game starts
+    each game after up to `random_opening_moves` random legal moves (envs/pettingzoo_turns.py); other envs have no
+    openings and ignore it (the launch refuses the flag for them)."""
     from appo.envs.action_masks import ActionMasks, mask_source
 
     kwargs = dict(env_kwargs or {})
@@ -104,6 +106,8 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
         kwargs["render_mode"] = render_mode
     env = _make_unmasked(env_id, kwargs)
     turn_based = bool(getattr(env, "turn_based", False))
+    if turn_based:
+        env.unwrapped.random_opening_moves = random_opening_moves
     # A turn-based env's masks are always in its observation (pettingzoo_turns.py puts them there).
     masked_turns = turn_based and action_mask != "none"
     source = ("obs", MASK_KEY) if masked_turns else mask_source(action_mask, env.observation_space)
@@ -229,6 +233,7 @@ class EnvInfo:
     noise_terminations: tuple[int, int | None] | None = None  # early ends under noise at std 1 and narrower, probed
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
     info_action_mask: bool = False  # an unmasked env's reset info holds an action mask (--action_mask=auto reads it)
+    turn_based: bool = False  # seats take turns (envs/pettingzoo_turns.py)
 
 
 def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False,
@@ -245,7 +250,8 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
         step_seconds = guarded_step_seconds(env, num_agents) if measure_step else None
         return EnvInfo(env.observation_space, env.action_space, num_agents, int(getattr(env, "frames_per_step", 1)),
                        *reward_shaping(env), step_seconds=step_seconds,
-                       shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)), info_action_mask=info_mask)
+                       shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)), info_action_mask=info_mask,
+                       turn_based=bool(getattr(env, "turn_based", False)))
     finally:
         env.close()
 

@@ -362,9 +362,21 @@ def test_step_cost_is_measured():
     assert env_info("sleep_env", {"step_seconds": 0.002}).step_seconds is None
 
 
+def test_turn_based_games_start_training_games_after_random_moves_unless_told_otherwise():
+    turns = dataclasses.replace(info(IMAGE), num_agents=2, turn_based=True)
+    cfg, lines = auto.apply(cfg_of(), set(), turns)
+    assert cfg.random_opening_moves == auto.TURN_BASED["random_opening_moves"] > 0
+    assert any("--random_opening_moves=2 (a turn-based game" in line for line in lines)
+    cfg, lines = auto.apply(cfg_of("--random_opening_moves=0"), {"random_opening_moves"}, turns)
+    assert cfg.random_opening_moves == 0 and not any("turn-based" in line for line in lines)
+    cfg, _ = auto.apply(cfg_of(), set(), dataclasses.replace(info(IMAGE), num_agents=2))  # simultaneous moves
+    assert cfg.random_opening_moves == 0
+
+
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "initial_stddev", "num_envs_per_worker", "actor_niceness"):
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, *auto.TURN_BASED, "initial_stddev", "num_envs_per_worker",
+                 "actor_niceness"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
     assert not auto.flag_help("learner_bf16") and not auto.flag_help("inference_bf16")  # float32 unless given
 

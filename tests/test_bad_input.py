@@ -81,6 +81,15 @@ def test_unknown_env_creates_nothing(tmp_path, env):
 
 
 @pytest.mark.timeout(60)
+def test_random_openings_for_an_env_without_turns_is_one_line_and_creates_nothing(tmp_path):
+    result = run(str(tmp_path), "--env=CartPole-v1", "--random_opening_moves=2")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--random_opening_moves=2: only a turn-based game" in lines[0], result.stderr
+    assert "--env=CartPole-v1 is not one" in lines[0] and not os.path.exists(tmp_path / "exp")
+
+
+@pytest.mark.timeout(60)
 def test_an_observation_space_the_models_cannot_take_is_one_line_and_creates_nothing(tmp_path):
     """Blackjack observes a Tuple of Discretes: no encoder takes it (a lone Discrete is one-hot encoded)."""
     result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",

@@ -92,6 +92,26 @@ def test_tictactoe_draw_gives_both_seats_zero():
     assert terminated and not truncated and total.tolist() == [0, 0]
 
 
+def test_a_random_opening_is_legal_seeded_and_never_a_finished_game():
+    """Tic-tac-toe after up to 9 random moves: openings that end the game (5 moves and more may) start it again."""
+    pytest.importorskip("pettingzoo")
+    env = make_env("pettingzoo.classic.tictactoe_v3:env", random_opening_moves=9)
+    pieces = []
+    for seed in range(60):
+        obs, _ = env.reset(seed=seed)
+        placed = int(obs["observation"][0].sum())
+        movers = np.flatnonzero(obs[MASK_KEY].any(axis=1))
+        assert movers.tolist() == [placed % 2]  # the game goes on, and X (seat 0) moves on an even count
+        assert obs[MASK_KEY][placed % 2].sum() == 9 - placed  # every empty cell is a legal move
+        pieces.append(placed)
+    assert env.take_illegal() == 0 and set(pieces) >= {0, 1, 2, 3, 4} and max(pieces) <= 8
+    first, _ = env.reset(seed=7)
+    again, _ = env.reset(seed=7)
+    assert np.array_equal(first["observation"], again["observation"])
+    plain, _ = make_env("pettingzoo.classic.tictactoe_v3:env").reset(seed=7)
+    assert plain["observation"].sum() == 0  # no openings unless asked: evaluation plays whole games
+
+
 # ---------------------------------------------------------------------------------------------- learning
 def filled_buffers(cfg, env, steps: int, seed: int = 0) -> tuple[TrajBuffers, Layout]:
     """One slot per seat of one take-away env, filled with `steps` moves of random play."""

@@ -442,6 +442,11 @@ class PopulationFlags:
                                             "Fraction of episodes in which the opponents are the policy's latest self "
                                             "rather than a snapshot drawn uniformly from its pool (always the latest "
                                             "self until the first snapshot exists).", valid="[0, 1]")
+    random_opening_moves: int = flag(0, SELF_PLAY,
+                                     "Turn-based games (PettingZoo AEC envs) only: each training game starts after a "
+                                     "random number, 0 to this, of uniformly random legal moves, so self-play meets "
+                                     "positions off its own lines of play (evaluation, enjoy and versus play whole "
+                                     "games).", valid="[0, inf)", zero="every game from the start")
 
 
 @dataclass(frozen=True, kw_only=True)

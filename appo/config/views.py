@@ -61,6 +61,7 @@ class ActorConfig(RoleView):
     pbt_mix_policies_in_one_env: bool
     self_play_opponents: int
     self_play_latest_fraction: float
+    random_opening_moves: int
     with_pbt: bool
     pbt_target_objective: str
 

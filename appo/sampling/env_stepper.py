@@ -67,7 +67,8 @@ class EnvStepper:
 
     def _make(self, s: int, i: int) -> gym.Env:
         self._calling(MAKE, s * self.envs_per_split + i)
-        return make_env(self.cfg.env, self.env_kwargs, action_mask=self.cfg.action_mask)
+        return make_env(self.cfg.env, self.env_kwargs, action_mask=self.cfg.action_mask,
+                        random_opening_moves=self.cfg.random_opening_moves)
 
     # ---------------------------------------------------------------- first observations
     def first_observations(self, s: int) -> list:
