@@ -197,10 +197,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     auto_lines: list[str] = []
     if not resuming:
         cfg, info, auto_lines = _apply_auto(cfg, given, info)
-    cfg = resolve(cfg, info.num_agents)
-    if cfg.random_opening_moves and not info.turn_based:
-        raise ConfigError(f"--random_opening_moves={cfg.random_opening_moves}: only a turn-based game (a PettingZoo "
-                          f"AEC env) has openings to play, and --env={cfg.env} is not one; use 0")
+    cfg = resolve(cfg, info.num_agents, info.turn_based)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
     except TypeError as exc:
@@ -248,7 +245,7 @@ def new_experiment_defaults(argv: list[str]) -> tuple[Config, list[str]]:
     cfg, given = parse_args(argv)
     info = env_info(cfg.env, env_kwargs(cfg), measure_step=False, action_mask=cfg.action_mask)
     cfg, info, lines = _apply_auto(cfg, given, info)
-    return resolve(cfg, info.num_agents), lines  # resolved, as cfg.json keeps it
+    return resolve(cfg, info.num_agents, info.turn_based), lines  # resolved, as cfg.json keeps it
 
 
 def resume_env_steps(exp_dir: str, num_policies: int) -> list[int]:

@@ -188,8 +188,9 @@ def flag_values(flags: Config | argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(flags, name) for name in FLAG_NAMES}
 
 
-def resolve(flags: Config | argparse.Namespace, num_agents: int = 1) -> Config:
-    """Fill in the values documented as -1 / auto in --help that depend on other flags or on the env's agents."""
+def resolve(flags: Config | argparse.Namespace, num_agents: int = 1, turn_based: bool = False) -> Config:
+    """Fill in the values documented as -1 / auto in --help that depend on other flags or on the env's agents (and
+    whether they take turns)."""
     cfg = flags if isinstance(flags, Config) else Config(**flag_values(flags))
     splits = cfg.num_workers * cfg.worker_num_splits
     per_episode = cfg.self_play_opponents > 0 or cfg.policy_mapping is not None  # mappings drawn at episode starts
@@ -199,6 +200,9 @@ def resolve(flags: Config | argparse.Namespace, num_agents: int = 1) -> Config:
     if cfg.self_play_opponents and num_agents < 2:
         raise ConfigError(f"--self_play_opponents={cfg.self_play_opponents}: --env={cfg.env} has one agent; self-play "
                           "needs a multi-agent env (num_agents >= 2)")
+    if cfg.random_opening_moves and not turn_based:
+        raise ConfigError(f"--random_opening_moves={cfg.random_opening_moves}: only a turn-based game (a PettingZoo "
+                          f"AEC env) has openings to play, and --env={cfg.env} is not one; use 0")
     check_batched_sampling(cfg, num_agents)
     if per_episode and cfg.agent_policy_mapping == "split":
         raise ConfigError("--agent_policy_mapping=split gives each split one policy for the whole run; "

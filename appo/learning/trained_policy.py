@@ -126,7 +126,7 @@ def load_policy(exp_dir_or_checkpoint: str, policy_id: int = 0, device: str = "c
     if not 0 <= policy_id < cfg.num_policies:
         raise PolicyLoadError(f"--policy={policy_id}: {exp_dir} trained policies 0..{cfg.num_policies - 1}")
     info = env_info(cfg.env, env_kwargs(cfg), action_mask=cfg.action_mask)
-    cfg = resolve(cfg, info.num_agents)
+    cfg = resolve(cfg, info.num_agents, info.turn_based)
     torch_device = torch.device(device)
     model = ActorCritic(info.obs_space, info.action_space, cfg).to(torch_device)
     try:
