@@ -99,6 +99,21 @@ def random_rollout(n=5, T=12, seed=0):
     return rewards, dones, values, bootstrap
 
 
+@pytest.mark.parametrize("T", [1, 2, 5, 32, 33])
+def test_backward_recurrence_matches_a_loop(T):
+    """x_t = a_t + b_t x_{t+1} from x_T: the doubling against the loop it replaces, with b's zeros (episode ends)
+    and lengths that are not powers of two."""
+    gen = torch.Generator().manual_seed(T)
+    a, b = torch.randn(3, T, generator=gen), torch.rand(3, T, generator=gen)
+    b[b < 0.2] = 0.0
+    last = torch.randn(3, generator=gen)
+    expected, x = torch.empty(3, T), last
+    for t in reversed(range(T)):
+        x = a[:, t] + b[:, t] * x
+        expected[:, t] = x
+    assert torch.allclose(losses.backward_recurrence(a, b, last), expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 1.0), (0.5, 0.0)])
 def test_gae_matches_reference(gamma, lam):
     rewards, dones, values, bootstrap = random_rollout()

@@ -27,18 +27,31 @@ def shaped_rewards(rewards: Tensor, truncated: Tensor, values: Tensor, gamma: fl
     return shaped
 
 
+def backward_recurrence(a: Tensor, b: Tensor, last: Tensor) -> Tensor:
+    """x [..., T] with x_t = a_t + b_t * x_{t+1} and x_T = `last` [...]: the shape of every return and advantage here
+    (a's leading dims may stack several recurrences that share b). Computed by doubling (x_t as a_t + b_t * (a_{t+1}
+    + b_{t+1} * ...) composed over 1, 2, 4, ... steps at once), so log2(T) rounds of whole-tensor operations rather
+    than a Python loop of T steps."""
+    span = 1
+    while span < a.shape[-1]:
+        a = torch.cat([a[..., :-span] + b[..., :-span] * a[..., span:], a[..., -span:]], dim=-1)
+        b = torch.cat([b[..., :-span] * b[..., span:], b[..., -span:]], dim=-1)
+        span *= 2
+    return a + b * last[..., None]
+
+
+def next_steps(x: Tensor, last: Tensor) -> Tensor:
+    """x [..., T] shifted one step back, `last` [...] after its end: the value at t+1 for every t."""
+    return torch.cat([x[..., 1:], last[..., None]], dim=-1)
+
+
 def gae(rewards: Tensor, dones: Tensor, values: Tensor, bootstrap: Tensor, gamma: float, lam: float
         ) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation; returns (advantages, value targets = advantages + values)."""
-    advantages = torch.empty_like(values)
-    running = torch.zeros_like(bootstrap)
-    next_value = bootstrap
-    for t in reversed(range(values.shape[1])):
-        not_done = 1.0 - dones[:, t]
-        delta = rewards[:, t] + gamma * not_done * next_value - values[:, t]
-        running = delta + gamma * lam * not_done * running
-        advantages[:, t] = running
-        next_value = values[:, t]
+    """Generalised advantage estimation; returns (advantages, value targets = advantages + values).
+    A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}, delta_t = r_t + gamma * (1 - done_t) * V_{t+1} - V_t."""
+    not_done = 1.0 - dones
+    deltas = rewards + gamma * not_done * next_steps(values, bootstrap) - values
+    advantages = backward_recurrence(deltas, gamma * lam * not_done, torch.zeros_like(bootstrap))
     return advantages, advantages + values
 
 
@@ -53,25 +66,25 @@ def turn_gae(rewards: Tensor, dones: Tensor, truncated: Tensor, values: Tensor, 
     turn lies past the trajectory (or past a time limit hit while waiting) has no known return: `known` is 0 there,
     and the moves before it bootstrap from its value. Waiting steps have advantage 0 and `known` 0. With every step
     acting this is `gae`."""
-    advantages, known = torch.zeros_like(values), torch.zeros_like(values)
-    running, next_value = torch.zeros_like(bootstrap), bootstrap
-    carry_reward, carry_done = torch.zeros_like(bootstrap), torch.zeros_like(bootstrap)
-    unknown = 1.0 - acting[:, -1]
-    for t in reversed(range(values.shape[1])):
-        act, done = acting[:, t] > 0, dones[:, t]
-        reward = rewards[:, t] + (1.0 - done) * carry_reward
-        ended = torch.maximum(done, carry_done)
-        # A time limit on an acting step is credited in its reward (`shaped_rewards`); on a waiting one it is not.
-        unknown = (1.0 - done) * unknown + done * truncated[:, t] * (~act).float()
-        delta = reward + gamma * (1.0 - ended) * next_value - values[:, t]
-        move_advantage = (delta + gamma * lam * (1.0 - ended) * running) * (1.0 - unknown)
-        advantages[:, t] = torch.where(act, move_advantage, 0.0)
-        known[:, t] = torch.where(act, 1.0 - unknown, 0.0)
-        running = torch.where(act, move_advantage, running)
-        next_value = torch.where(act, values[:, t], next_value)
-        carry_reward = torch.where(act, 0.0, reward)
-        carry_done = torch.where(act, 0.0, ended)
-        unknown = torch.where(act, 0.0, unknown)
+    act = acting[:, :-1]
+    waits = 1.0 - act
+    zero = torch.zeros_like(bootstrap)
+    # What the waiting steps from t on, up to the seat's next move, pass back to the move before them: their rewards
+    # up to an episode end, whether an episode ended, and whether the move's return is unknown (the trajectory ran out
+    # first, or a time limit was hit while waiting; one hit on a move is credited in its reward, `shaped_rewards`).
+    not_done = 1.0 - dones
+    last = torch.stack([zero, zero, 1.0 - acting[:, -1]])
+    passed = backward_recurrence(waits * torch.stack([rewards, dones, dones * truncated]), waits * not_done, last)
+    passed_reward, passed_end, passed_unknown = next_steps(passed, last)
+    reward = rewards + not_done * passed_reward
+    ended = dones + not_done * passed_end
+    known = act * (1.0 - not_done * passed_unknown)
+    # The value of the seat's next move (the bootstrap when there is none in the trajectory).
+    next_value = next_steps(backward_recurrence(act * values, waits, bootstrap), bootstrap)
+    deltas = reward + gamma * (1.0 - ended) * next_value - values
+    # A move's advantage adds its next move's, discounted once; waiting steps pass it through unchanged.
+    running = backward_recurrence(known * deltas, known * gamma * lam * (1.0 - ended) + waits, zero)
+    advantages = known * running
     return advantages, advantages + values, known
 
 
@@ -86,16 +99,11 @@ def vtrace(behaviour_log_probs: Tensor, target_log_probs: Tensor, rewards: Tenso
     ratios = torch.exp(target_log_probs - behaviour_log_probs)
     rhos = ratios.clamp(max=rho_bar)
     cs = ratios.clamp(max=c_bar)
-    vs = torch.empty_like(values)
-    advantages = torch.empty_like(values)
-    next_value = bootstrap
-    next_vs = bootstrap
-    for t in reversed(range(values.shape[1])):
-        discount = gamma * (1.0 - dones[:, t])
-        delta = rhos[:, t] * (rewards[:, t] + discount * next_value - values[:, t])
-        vs[:, t] = values[:, t] + delta + discount * cs[:, t] * (next_vs - next_value)
-        advantages[:, t] = rhos[:, t] * (rewards[:, t] + discount * next_vs - values[:, t])
-        next_value, next_vs = values[:, t], vs[:, t]
+    discounts = gamma * (1.0 - dones)
+    next_values = next_steps(values, bootstrap)
+    deltas = rhos * (rewards + discounts * next_values - values)
+    vs = values + backward_recurrence(deltas, discounts * cs, torch.zeros_like(bootstrap))
+    advantages = rhos * (rewards + discounts * next_steps(vs, bootstrap) - values)
     return vs, advantages
 
 
