@@ -173,6 +173,7 @@ class Learner(WorkerRole):
         self.snapshot_weights = [WeightsPublisher(self.policy.model, ctx.weights_names[i], ctx.control, i)
                                  for i in snapshot_ids(cfg, policy_id)]
         share_snapshots(self.policy.snapshots, self.snapshot_weights, ctx.control)
+        self.snapshot_announced = False  # the first snapshot this session takes is logged, later ones not
         self.trajs_per_iteration = trajectories_per_iteration(cfg)
         # Pause actors once more than --num_minibatches_to_accumulate minibatches wait beyond the next iteration.
         self.backlog_limit = self.trajs_per_iteration + (
@@ -306,10 +307,12 @@ class Learner(WorkerRole):
         policy.version += 1
         self.weights.publish(policy.version)
         if policy.snapshot_due():
-            place, replaced = policy.take_snapshot()
+            place, _ = policy.take_snapshot()
             self.snapshot_weights[place].publish(policy.version)  # the model holds the snapshot's weights now
-            log.info("policy %d: version %d joins the self-play pool%s", self.policy_id, policy.version,
-                     "" if replaced is None else f" in place of version {replaced}")
+            if not self.snapshot_announced:  # later ones show in the status line's range of versions
+                log.info("policy %d: version %d joins the self-play pool; one joins every %d versions", self.policy_id,
+                         policy.version, policy.snapshot_every)
+                self.snapshot_announced = True
         learners.env_steps[self.policy_id] = policy.env_steps
         learners.train_steps[self.policy_id] = policy.train_steps
 
