@@ -190,6 +190,7 @@ def test_make_config_resolves_what_depends_on_the_env():
     with pytest.raises(ConfigError, match="--lr_schedule=linear decays to 0 at --train_for_env_steps: give that"):
         make_config(env="CartPole-v1", lr_schedule="linear")
     assert make_config(env="CartPole-v1", lr_schedule="linear", train_for_env_steps=10**6).lr_schedule == "linear"
+    assert make_config(env="CartPole-v1", lr_schedule="kl_adaptive").lr_schedule == "kl_adaptive"  # no budget needed
     with pytest.raises(ConfigError, match="--proximal_policy=iteration weights GAE's advantages"):
         make_config(env="CartPole-v1", proximal_policy="iteration", with_vtrace=True)
 

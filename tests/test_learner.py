@@ -3,8 +3,10 @@
 import time
 
 import pytest
+import torch
 
-from appo.learning.policy import scheduled_learning_rate
+from appo.config.flags import KL_ADAPTIVE_RANGE
+from appo.learning.policy import Policy, kl_adapted_factor, scheduled_learning_rate
 from appo.memory.segments import unlink_segment
 from tests.conftest import LearnerRig
 
@@ -66,6 +68,40 @@ def test_each_iteration_trains_at_the_scheduled_learning_rate(rig):
     learner = train_once(rig, next_iteration_in=False, env_steps=500 - batch_steps)
     assert learner.policy.env_steps == 500
     assert learner.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)
+
+
+def test_the_kl_adaptive_factor_moves_against_the_kl_within_its_range():
+    assert kl_adapted_factor(1.0, 0.03, 0.01) == pytest.approx(1 / 1.5)  # over twice the threshold
+    assert kl_adapted_factor(1.0, 0.004, 0.01) == pytest.approx(1.5)  # under half
+    assert kl_adapted_factor(1.0, 0.01, 0.01) == 1.0
+    assert kl_adapted_factor(1.0, 0.02, 0.01) == kl_adapted_factor(1.0, 0.005, 0.01) == 1.0  # the band's edges
+    low, high = KL_ADAPTIVE_RANGE
+    assert kl_adapted_factor(low, 1.0, 0.01) == low and kl_adapted_factor(high, 0.0, 0.01) == high
+
+
+def kl_adaptive(threshold: str) -> tuple[str, ...]:
+    return "--lr_schedule=kl_adaptive", "--learning_rate=0.002", f"--lr_schedule_kl_threshold={threshold}"
+
+
+@pytest.mark.parametrize("rig, factor", [(kl_adaptive("1e-12"), 1 / 1.5), (kl_adaptive("100"), 1.5)],
+                         indirect=["rig"])
+def test_with_kl_adaptive_the_next_iteration_trains_at_a_rate_moved_by_this_ones_kl(rig, factor):
+    """An iteration that moved the policy more than the threshold allows lowers the rate; one that barely moved it
+    raises it. The factor is saved with the policy, so a resumed run goes on at the rate it had reached."""
+    learner = train_once(rig, next_iteration_in=False)
+    assert learner.counters.last_kl > 0.0
+    learner.policy.apply_learning_rate()
+    assert learner.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.002 * factor)
+    resumed = Policy(0, rig.cfg, rig.spaces, torch.device("cpu"))
+    resumed.load_state_dict(learner.policy.state_dict())
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.002 * factor)
+
+
+def test_without_kl_adaptive_the_kl_leaves_the_rate_alone(rig):
+    learner = train_once(rig, next_iteration_in=False)
+    learner.policy.apply_learning_rate()
+    assert learner.policy.lr_factor == 1.0
+    assert learner.policy.optimizer.param_groups[0]["lr"] == pytest.approx(rig.cfg.learning_rate)
 
 
 def queue_trajectories(rig: LearnerRig, learner, count: int) -> None:

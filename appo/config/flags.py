@@ -29,6 +29,9 @@ STOPPING = "stopping, checkpoints and reporting"
 EVALUATION = "evaluation during training"
 TRACKING = "experiment tracking (docs/guide_tracking.md)"
 
+KL_ADAPTIVE_STEP = 1.5  # --lr_schedule=kl_adaptive: the factor the rate moves by after an iteration
+KL_ADAPTIVE_RANGE = (0.01, 10.0)  # and the bounds of its multiple of --learning_rate
+
 REQUIRED = object()  # the default of a flag that must be given (--env)
 ELO_OBJECTIVE = "elo"  # --pbt_target_objective that ranks by the ratings of games between policies
 NO_BUDGET = 10_000_000_000  # the default of --train_for_env_steps and --train_for_seconds: no budget, the run goes on
@@ -321,9 +324,15 @@ class LearningFlags:
     reward_clip: float = flag(1000.0, LEARNING, "Scaled rewards are clipped to [-x, x].")
     learning_rate: float = flag(1e-3, LEARNING, "Learning rate of the Adam optimizer.", valid="(0, inf)")
     lr_schedule: str = flag("constant", LEARNING,
-                            "How the learning rate moves over the run: constant, or linear: down from --learning_rate "
-                            "to 0 at --train_for_env_steps (the policy's own env steps; needs that budget).",
-                            choices=("constant", "linear"))
+                            "How the learning rate moves over the run: constant; linear: down from --learning_rate "
+                            "to 0 at --train_for_env_steps (the policy's own env steps; needs that budget); "
+                            f"kl_adaptive: after each iteration, down {KL_ADAPTIVE_STEP}x when its mean KL from the "
+                            "behaviour policy was over twice --lr_schedule_kl_threshold, up as much when under half "
+                            f"of it, within {KL_ADAPTIVE_RANGE[0]}-{KL_ADAPTIVE_RANGE[1]:g}x --learning_rate.",
+                            choices=("constant", "linear", "kl_adaptive"))
+    lr_schedule_kl_threshold: float = flag(0.01, LEARNING,
+                                           "The KL per iteration --lr_schedule=kl_adaptive steers the learning rate "
+                                           "towards.", valid="(0, inf)")
     adam_eps: float = flag(1e-6, LEARNING, "Adam's epsilon, added to the denominator for numerical stability.",
                            valid="(0, inf)")
     adam_beta1: float = flag(0.9, LEARNING, "Adam's beta1: the decay rate of its running mean of gradients.")

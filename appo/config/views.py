@@ -117,6 +117,7 @@ class LearnerConfig(ModelFlags):
     sampler_only: bool
     train_for_env_steps: int
     lr_schedule: str
+    lr_schedule_kl_threshold: float
     recurrence: int
     rollout: int
     batch_size: int

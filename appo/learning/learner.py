@@ -78,6 +78,7 @@ class LearnerCounters:
         self.samples = self.dropped = self.skipped_updates = self.nonfinite = 0
         self.consecutive_skipped = 0  # kept across reports
         self.failed_saves = 0  # checkpoint writes the disk refused, in this run
+        self.last_kl: float | None = None  # the last iteration's mean KL over its applied updates
 
     def add_batch(self, batch: Batch) -> None:
         self.dropped += batch.dropped
@@ -109,6 +110,8 @@ class LearnerCounters:
         rows = list(updates)
         table = torch.stack(rows).tolist() if rows else []
         results = [self.add_update(dict(zip(UPDATE_FIELDS, row))) for row in table]
+        kls = [row[UPDATE_FIELDS.index("kl")] for row, applied in zip(table, results) if applied]
+        self.last_kl = float(np.mean(kls)) if kls else None
         self.samples += trajectories * self.cfg.rollout
         self.stats["epochs"].append(len(results) / min(self.cfg.num_batches_per_iteration, trajectories))
         return sum(results)
@@ -159,8 +162,7 @@ class Learner(WorkerRole):
         cfg = self.cfg = ctx.cfg
         self.policy_id, self.control, self.exp_dir = policy_id, ctx.control, ctx.exp_dir
         self.learner_inboxes, self.report_queue = ctx.queues.learner_inboxes, ctx.queues.report
-        self.inbox = self.learner_inboxes[policy_id]
-        self.report_iterations = report_iterations
+        self.inbox, self.report_iterations = self.learner_inboxes[policy_id], report_iterations
         self.device = rank_device(resolve_device(cfg.device), 0, cfg.learner_processes_per_policy)
         self.checkpoint_dir = checkpoint_dir(ctx.exp_dir, policy_id)
         self.shuffle = minibatch_generator(self.device, None if cfg.seed is None else cfg.seed + policy_id)
@@ -284,6 +286,7 @@ class Learner(WorkerRole):
             updates = ppo_updates(policy.model, policy.optimizer, self.cfg, policy.hyperparams, batch, self.shuffle,
                                   another_epoch=next_not_in, ranks=self.leader.ranks if self.leader else None)
             policy.train_steps += counters.add_iteration(updates, trajectories=len(batch["dones"]))
+            policy.follow_kl(counters.last_kl)
             self._publish()
         if marks is not None:
             self.report_queue.put(LearnerIteration(self.policy_id, policy.version, policy.env_steps,

@@ -63,6 +63,7 @@ class LearnerRank(WorkerRole):
         policy = self.policy
         if order.state is not None:
             policy.load_state_dict(state_from_bytes(order.state, self.device))
+        policy.lr_factor = order.lr_factor
         policy.set_hyperparams(order.hyperparams)
         policy.version, policy.min_version, policy.env_steps = order.version, order.min_version, order.env_steps
         if order.kind == "stop":

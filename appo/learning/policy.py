@@ -16,17 +16,30 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from appo.config.flags import KL_ADAPTIVE_RANGE, KL_ADAPTIVE_STEP
 from appo.config.hyperparams import Hyperparams
 from appo.learning.model import ActorCritic
 from appo.learning.weights import frozen_weights
 
 
 def scheduled_learning_rate(base: float, schedule: str, env_steps: int, budget: int) -> float:
-    """The learning rate after `env_steps` of a `budget`: `base` throughout (constant), or down from `base` to 0 at
-    the budget (linear), so the last updates of a budgeted run are small ones."""
-    if schedule == "constant":
+    """The learning rate after `env_steps` of a `budget`: `base` throughout (constant, kl_adaptive), or down from
+    `base` to 0 at the budget (linear), so the last updates of a budgeted run are small ones."""
+    if schedule != "linear":
         return base
     return base * max(0.0, 1.0 - env_steps / budget)
+
+
+def kl_adapted_factor(factor: float, kl: float, threshold: float) -> float:
+    """The learning rate's multiple of --learning_rate after an iteration whose minibatches moved the policy `kl`
+    from the behaviour policy on average: smaller when `kl` was over twice the threshold, larger when under half of
+    it. The same flags give a task whose policy moves fast a smaller rate than one whose policy barely moves."""
+    if kl > 2.0 * threshold:
+        factor /= KL_ADAPTIVE_STEP
+    elif kl < 0.5 * threshold:
+        factor *= KL_ADAPTIVE_STEP
+    low, high = KL_ADAPTIVE_RANGE
+    return min(max(factor, low), high)
 
 
 def make_optimizer(model: torch.nn.Module, learning_rate: float, cfg: Any) -> torch.optim.Adam:
@@ -60,6 +73,8 @@ class Policy:
         learner of a PBT run); without them, the flags' (then `cfg` must be the whole `Config`)."""
         self.policy_id, self.device = policy_id, device
         self.lr_schedule, self.budget = cfg.lr_schedule, cfg.train_for_env_steps
+        self.kl_threshold = cfg.lr_schedule_kl_threshold
+        self.lr_factor = 1.0  # --lr_schedule=kl_adaptive: the rate's multiple of --learning_rate
         self.hyperparams = hyperparams if hyperparams is not None else Hyperparams.from_cfg(cfg)
         self.model = ActorCritic(*spaces, cfg).to(device)
         self.optimizer = make_optimizer(self.model, self.hyperparams.learning_rate, cfg)
@@ -78,9 +93,17 @@ class Policy:
         self.hyperparams = self.hyperparams.updated(values)
         self.apply_learning_rate()
 
+    def follow_kl(self, kl: float | None) -> None:
+        """--lr_schedule=kl_adaptive: move the learning rate's factor by an iteration's mean KL (None: the iteration
+        applied no update); the next `apply_learning_rate` sets it."""
+        if kl is not None and self.lr_schedule == "kl_adaptive":
+            self.lr_factor = kl_adapted_factor(self.lr_factor, kl, self.kl_threshold)
+
     def apply_learning_rate(self) -> None:
-        """Set the optimizer's learning rate: the hyper-parameter's, where --lr_schedule puts it at these env steps."""
-        lr = scheduled_learning_rate(self.hyperparams.learning_rate, self.lr_schedule, self.env_steps, self.budget)
+        """Set the optimizer's learning rate: the hyper-parameter's, where --lr_schedule puts it at these env steps,
+        times the factor `follow_kl` keeps (1 but with kl_adaptive)."""
+        lr = self.lr_factor * scheduled_learning_rate(self.hyperparams.learning_rate, self.lr_schedule,
+                                                      self.env_steps, self.budget)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -109,7 +132,7 @@ class Policy:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "version": self.version, "env_steps": self.env_steps, "train_steps": self.train_steps,
                 "min_version": self.min_version, "hyperparams": self.hyperparams.as_dict(),
-                "snapshots": self.snapshots}
+                "snapshots": self.snapshots, "lr_factor": self.lr_factor}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume this policy from its own checkpoint. Hyper-parameters are not taken from it: with PBT the
@@ -118,6 +141,7 @@ class Policy:
         load_optimizer_state(self.optimizer, state["optimizer"])
         self.version, self.env_steps, self.train_steps = state["version"], state["env_steps"], state["train_steps"]
         self.min_version = state.get("min_version", 0)
+        self.lr_factor = state.get("lr_factor", 1.0)
         self._restore_snapshots(state.get("snapshots", []))
         self.apply_learning_rate()  # the optimizer state carried the saved learning rate
 
@@ -129,6 +153,7 @@ class Policy:
         and train-step counters and the self-play pool stay this policy's own."""
         self.model.load_state_dict(donor_state["model"])
         load_optimizer_state(self.optimizer, donor_state["optimizer"])
+        self.lr_factor = donor_state.get("lr_factor", 1.0)
         self.apply_learning_rate()
         self.version += 1
         self.min_version = self.version

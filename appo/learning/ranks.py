@@ -67,6 +67,7 @@ class Order:
     hyperparams: dict[str, float] = field(default_factory=dict)
     state: bytes | None = None  # Policy.state_dict(), serialised
     check_weights: bool = False  # before this training, compare the ranks' weights (`RankGroup.checksums`)
+    lr_factor: float = 1.0  # the policy's, kept by rank 0 (--lr_schedule=kl_adaptive)
 
 
 def rank_device(device: torch.device, rank: int, size: int) -> torch.device:
@@ -213,7 +214,7 @@ class GroupLeader:
         policy = self.policy
         self.ranks.order(Order(kind, list(slots), policy.version, policy.min_version, policy.env_steps,
                                policy.hyperparams.as_dict(), state_bytes(policy.state_dict()) if self.resync else None,
-                               check_weights))
+                               check_weights, policy.lr_factor))
         self.resync, self.last_order = False, time.monotonic()
 
     def share_slots(self, slots: Sequence[int]) -> None:
