@@ -145,6 +145,16 @@ def test_no_faults_line_without_faults_and_no_reward_before_the_first_episode(tm
         "  p0: no finished episode", "  p0 checkpoint: none", "  p1: no finished episode", "  p1 checkpoint: none"]
 
 
+@pytest.mark.parametrize("schedule, shown", [("constant", False), ("kl_adaptive", True)])
+def test_a_moving_learning_rate_is_on_the_status_line(tmp_path, schedule, shown):
+    """The rate --lr_schedule sets is the learner's last; a constant one says nothing new."""
+    reports, _ = make_reports(tmp_path, f"--lr_schedule={schedule}")
+    reports.on_learner(learner_report(reports, 0, 7, stats={"learning_rate": 0.00296, "epochs": 4.0}))
+    status = reports.status_line()
+    assert_fits(status)
+    assert bool(re.search(r"epochs 4\.0(, |\n +)lr 0\.003", status)) == shown, status  # wrapped or not
+
+
 def test_progress_of_a_step_budget_uses_the_recent_env_step_rate(tmp_path):
     reports, clock = make_reports(tmp_path, "--train_for_env_steps=1000000")
     set_step_rate(reports, clock, [100_000, 300_000], 5000)  # 600k steps left at 5k steps/s: 2 minutes

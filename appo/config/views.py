@@ -229,6 +229,7 @@ class RunnerConfig(RoleView):
     pbt_target_objective: str
     max_grad_norm: float
     exploration_loss_coeff: float
+    lr_schedule: str
 
     @property
     def inference_processes(self) -> int:

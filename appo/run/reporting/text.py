@@ -66,6 +66,8 @@ class StatusText:
         stats = policy.stats
         if "epochs" in stats:
             pieces.append(f", epochs {stats['epochs']:.1f}")
+        if self.cfg.lr_schedule != "constant" and "learning_rate" in stats:
+            pieces.append(f", lr {stats['learning_rate']:.2g}")
         if "lag_avg" in stats:
             pieces.append(f", lag {stats['lag_min']:.0f}/{stats['lag_avg']:.1f}/{stats['lag_max']:.0f}")
         evaluation = policy.evaluation
