@@ -30,7 +30,9 @@ EVALUATION = "evaluation during training"
 TRACKING = "experiment tracking (docs/guide_tracking.md)"
 
 KL_ADAPTIVE_STEP = 1.5  # --lr_schedule=kl_adaptive: the factor the rate moves by after an iteration
-KL_ADAPTIVE_RANGE = (0.01, 10.0)  # and the bounds of its multiple of --learning_rate
+# The bounds of its multiple of --learning_rate. Never above 1: allowed up to 10x, the rate rose while a policy barely
+# moved (a solved InvertedPendulum, MountainCarContinuous before it finds the flag) and then threw the policy away.
+KL_ADAPTIVE_RANGE = (0.01, 1.0)
 
 REQUIRED = object()  # the default of a flag that must be given (--env)
 ELO_OBJECTIVE = "elo"  # --pbt_target_objective that ranks by the ratings of games between policies
@@ -327,8 +329,8 @@ class LearningFlags:
                             "How the learning rate moves over the run: constant; linear: down from --learning_rate "
                             "to 0 at --train_for_env_steps (the policy's own env steps; needs that budget); "
                             f"kl_adaptive: after each iteration, down {KL_ADAPTIVE_STEP}x when its mean KL from the "
-                            "behaviour policy was over twice --lr_schedule_kl_threshold, up as much when under half "
-                            f"of it, within {KL_ADAPTIVE_RANGE[0]}-{KL_ADAPTIVE_RANGE[1]:g}x --learning_rate.",
+                            "behaviour policy was over twice --lr_schedule_kl_threshold, back up as much when under "
+                            f"half of it, from {KL_ADAPTIVE_RANGE[0]:g}x --learning_rate to --learning_rate itself.",
                             choices=("constant", "linear", "kl_adaptive"))
     lr_schedule_kl_threshold: float = flag(0.01, LEARNING,
                                            "The KL per iteration --lr_schedule=kl_adaptive steers the learning rate "
