@@ -64,6 +64,7 @@ MAX_CONSECUTIVE_SKIPPED = 100
 INBOX_TIMEOUT_S = 0.05  # the longest a step waits for a message
 RESCAN_INTERVAL_S = 1.0
 REPORT_INTERVAL_S = 1.0
+KL_FIELD = UPDATE_FIELDS.index("kl")  # where an update's row holds its KL estimate
 
 
 class LearnerCounters:
@@ -110,7 +111,7 @@ class LearnerCounters:
         rows = list(updates)
         table = torch.stack(rows).tolist() if rows else []
         results = [self.add_update(dict(zip(UPDATE_FIELDS, row))) for row in table]
-        kls = [row[UPDATE_FIELDS.index("kl")] for row, applied in zip(table, results) if applied]
+        kls = [row[KL_FIELD] for row, applied in zip(table, results) if applied]
         self.last_kl = float(np.mean(kls)) if kls else None
         self.samples += trajectories * self.cfg.rollout
         self.stats["epochs"].append(len(results) / min(self.cfg.num_batches_per_iteration, trajectories))
