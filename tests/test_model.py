@@ -418,10 +418,11 @@ def test_the_iterations_proximal_policy_moves_the_clip_and_weights_the_advantage
     """--proximal_policy=iteration: the ratio is taken to the log-probs of the iteration's start (here the current
     weights: no sample clipped, no KL), and each advantage is weighted by proximal / behaviour; with the proximal
     log-probs equal to the behaviour's the loss is the classic one."""
-    from appo.learning.ppo import proximal_log_probs
+    from appo.learning.ppo import start_log_probs
 
     torch.manual_seed(5)
     cfg = make_cfg(actor_critic_share_weights=False)
+    decoupled_cfg = dataclasses.replace(cfg, proximal_policy="iteration")
     hp = Hyperparams.from_cfg(cfg)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     mb = stale_minibatch(model)
@@ -429,13 +430,14 @@ def test_the_iterations_proximal_policy_moves_the_clip_and_weights_the_advantage
     _, _, classic = minibatch_loss(model, cfg, hp, mb, advantages, targets)
     assert classic["clip_fraction"].item() > 0.3
 
-    proximal = proximal_log_probs(model, cfg.recurrence, mb)
-    _, _, decoupled = minibatch_loss(model, cfg, hp, mb | {"proximal_log_probs": proximal}, advantages, targets)
-    weights = torch.exp(proximal - mb["log_probs"])
+    start = start_log_probs(model, cfg.recurrence, mb)
+    _, _, decoupled = minibatch_loss(model, decoupled_cfg, hp, mb | {"start_log_probs": start}, advantages, targets)
+    weights = torch.exp(start - mb["log_probs"])
     assert decoupled["clip_fraction"].item() == 0.0 and decoupled["kl"].item() == pytest.approx(0.0, abs=1e-6)
     assert decoupled["policy_loss"].item() == pytest.approx(-(weights * advantages).mean().item(), rel=1e-5)
 
-    same, _, _ = minibatch_loss(model, cfg, hp, mb | {"proximal_log_probs": mb["log_probs"]}, advantages, targets)
+    same, _, _ = minibatch_loss(model, decoupled_cfg, hp, mb | {"start_log_probs": mb["log_probs"]}, advantages,
+                                targets)
     loss, _, _ = minibatch_loss(model, cfg, hp, mb, advantages, targets)
     assert same.item() == pytest.approx(loss.item(), rel=1e-6)
 
@@ -451,6 +453,26 @@ def test_an_iterations_first_minibatch_clips_stale_samples_only_when_measured_fr
     (update,) = list(ppo_updates(model, make_optimizer(model, 1e-3, cfg), cfg, Hyperparams.from_cfg(cfg), batch))
     stats = dict(zip(UPDATE_FIELDS, update.tolist()))
     assert (stats["clip_fraction"] > 0.3) == (proximal_policy == "behaviour")
+
+
+@pytest.mark.parametrize("lr_schedule, measured", [("kl_adaptive", True), ("constant", False)])
+def test_the_iteration_kl_leaves_out_the_policy_lag_and_is_taken_only_when_needed(lr_schedule, measured):
+    """Stale samples (an asynchronous run's policy lag) put a KL from the behaviour policy into an iteration's first
+    minibatch, but none from the weights the iteration started with: that one (--lr_schedule=kl_adaptive's) grows
+    with the updates alone. Runs that do not need it skip its forward pass and report NaN."""
+    torch.manual_seed(7)
+    cfg = make_cfg(actor_critic_share_weights=False, lr_schedule=lr_schedule, num_batches_per_iteration=1,
+                   ppo_epochs=3, normalize_input=False)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
+    updates = ppo_updates(model, make_optimizer(model, 1e-2, cfg), cfg, Hyperparams.from_cfg(cfg), batch)
+    rows = [dict(zip(UPDATE_FIELDS, update.tolist())) for update in updates]
+    assert all(row["kl"] > 0.05 for row in rows)
+    if measured:
+        assert rows[0]["iteration_kl"] == pytest.approx(0.0, abs=1e-7)
+        assert 0.0 < rows[1]["iteration_kl"] < rows[2]["iteration_kl"] < rows[2]["kl"]
+    else:
+        assert all(math.isnan(row["iteration_kl"]) for row in rows)
 
 
 def _snapshot(model: ActorCritic, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

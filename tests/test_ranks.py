@@ -98,7 +98,8 @@ def start_iteration(exp_dir: str, rank: int, flags: list[str], out: str, drift: 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("minibatches", [2, 4])  # 4: a trajectory per minibatch, so one rank's share is empty
 def test_two_ranks_train_an_iteration_to_the_weights_and_statistics_one_process_trains(tmp_path, minibatches):
-    one = [f"--num_batches_per_iteration={minibatches}"]
+    # kl_adaptive: the KL from the iteration's starting weights is among the statistics.
+    one = [f"--num_batches_per_iteration={minibatches}", "--lr_schedule=kl_adaptive"]
     # A pinned port: each process has shared memory of its own, where a picked port would not reach the other rank.
     two = [*one, "--learner_processes_per_policy=2", f"--learner_master_port={free_port()}"]
     processes = [start_iteration(str(tmp_path / "one"), 0, one, str(tmp_path / "one.pt")),

@@ -328,9 +328,11 @@ class LearningFlags:
     lr_schedule: str = flag("constant", LEARNING,
                             "How the learning rate moves over the run: constant; linear: down from --learning_rate "
                             "to 0 at --train_for_env_steps (the policy's own env steps; needs that budget); "
-                            f"kl_adaptive: after each iteration, down {KL_ADAPTIVE_STEP}x when its mean KL from the "
-                            "behaviour policy was over twice --lr_schedule_kl_threshold, back up as much when under "
-                            f"half of it, from {KL_ADAPTIVE_RANGE[0]:g}x --learning_rate to --learning_rate itself.",
+                            f"kl_adaptive: after each iteration, down {KL_ADAPTIVE_STEP}x when its minibatches' mean "
+                            "KL from the weights it started with was over twice --lr_schedule_kl_threshold, back up as "
+                            f"much when under half of it, from {KL_ADAPTIVE_RANGE[0]:g}x --learning_rate to "
+                            "--learning_rate itself (one more forward pass over the iteration's samples; the policy "
+                            "lag of an asynchronous run, which the machine's speed sets, is not counted).",
                             choices=("constant", "linear", "kl_adaptive"))
     lr_schedule_kl_threshold: float = flag(0.01, LEARNING,
                                            "The KL per iteration --lr_schedule=kl_adaptive steers the learning rate "

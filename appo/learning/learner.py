@@ -22,6 +22,7 @@ A learner that dies is replaced by the runner; the replacement continues from th
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import defaultdict
@@ -64,7 +65,7 @@ MAX_CONSECUTIVE_SKIPPED = 100
 INBOX_TIMEOUT_S = 0.05  # the longest a step waits for a message
 RESCAN_INTERVAL_S = 1.0
 REPORT_INTERVAL_S = 1.0
-KL_FIELD = UPDATE_FIELDS.index("kl")  # where an update's row holds its KL estimate
+KL_FIELD = UPDATE_FIELDS.index("iteration_kl")  # where an update's row holds its KL from the iteration's start
 
 
 class LearnerCounters:
@@ -79,7 +80,7 @@ class LearnerCounters:
         self.samples = self.dropped = self.skipped_updates = self.nonfinite = 0
         self.consecutive_skipped = 0  # kept across reports
         self.failed_saves = 0  # checkpoint writes the disk refused, in this run
-        self.last_kl: float | None = None  # the last iteration's mean KL over its applied updates
+        self.last_kl: float | None = None  # the last iteration's mean `iteration_kl` over its applied updates
 
     def add_batch(self, batch: Batch) -> None:
         self.dropped += batch.dropped
@@ -100,7 +101,7 @@ class LearnerCounters:
             return False
         self.consecutive_skipped = 0
         for key, value in update.items():
-            if key != "applied":
+            if key != "applied" and not math.isnan(value):  # NaN: not measured in this run (`iteration_kl`)
                 self.stats[key].append(value)
         return True
 
@@ -111,7 +112,7 @@ class LearnerCounters:
         rows = list(updates)
         table = torch.stack(rows).tolist() if rows else []
         results = [self.add_update(dict(zip(UPDATE_FIELDS, row))) for row in table]
-        kls = [row[KL_FIELD] for row, applied in zip(table, results) if applied]
+        kls = [row[KL_FIELD] for row, applied in zip(table, results) if applied and not math.isnan(row[KL_FIELD])]
         self.last_kl = float(np.mean(kls)) if kls else None
         self.samples += trajectories * self.cfg.rollout
         self.stats["epochs"].append(len(results) / min(self.cfg.num_batches_per_iteration, trajectories))

@@ -32,8 +32,8 @@ def scheduled_learning_rate(base: float, schedule: str, env_steps: int, budget: 
 
 def kl_adapted_factor(factor: float, kl: float, threshold: float) -> float:
     """The learning rate's multiple of --learning_rate after an iteration whose minibatches moved the policy `kl`
-    from the behaviour policy on average: smaller when `kl` was over twice the threshold, larger when under half of
-    it. The same flags give a task whose policy moves fast a smaller rate than one whose policy barely moves."""
+    from the weights it started with on average: smaller when `kl` was over twice the threshold, larger when under
+    half of it. The same flags give a task whose policy moves fast a smaller rate than one whose policy barely moves."""
     if kl > 2.0 * threshold:
         factor /= KL_ADAPTIVE_STEP
     elif kl < 0.5 * threshold:

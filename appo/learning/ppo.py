@@ -26,8 +26,11 @@ if TYPE_CHECKING:
     from appo.learning.ranks import RankGroup
 
 # A minibatch's statistics (`minibatch_loss`), in the order the learner ranks sum them in.
-STATS = ("loss", "policy_loss", "value_loss", "exploration_loss", "entropy", "kl", "clip_fraction", "values",
-         "value_targets")
+# `kl` is measured from the policy PPO's clip range is measured from (--proximal_policy), `iteration_kl` from the
+# weights the iteration started with, so an asynchronous run's policy lag is not in it (NaN where those weights' log-
+# probabilities were not taken: `needs_start_log_probs`).
+STATS = ("loss", "policy_loss", "value_loss", "exploration_loss", "entropy", "kl", "iteration_kl", "clip_fraction",
+         "values", "value_targets")
 # What `train_step` returns for a minibatch, in this order: the statistics, the gradient's norm before clipping, and
 # whether the update was applied (1) or skipped because a loss or the gradient was not finite (0).
 UPDATE_FIELDS = (*STATS, "grad_norm", "applied")
@@ -85,10 +88,16 @@ def bootstrap_values(model: ActorCritic, batch: dict[str, Any]) -> Tensor:
     return bootstrap[:, 0]
 
 
+def needs_start_log_probs(cfg: Any) -> bool:
+    """Whether an iteration takes its samples' log-probabilities under its starting weights (`start_log_probs`): the
+    policy --proximal_policy=iteration measures the clip range from, and --lr_schedule=kl_adaptive its KL."""
+    return cfg.proximal_policy == "iteration" or cfg.lr_schedule == "kl_adaptive"
+
+
 @torch.no_grad()
-def proximal_log_probs(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> Tensor:
+def start_log_probs(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> Tensor:
     """Log-probabilities [n, T] of the batch's actions under the current weights, taken once at the start of an
-    iteration (--proximal_policy=iteration): the policy its clip range is then measured from."""
+    iteration (one more forward pass over its samples)."""
     params, _ = forward_trajectories(model, recurrence, batch)
     return model.distribution(params).log_prob(batch["actions"])
 
@@ -139,7 +148,8 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
     params, values = forward_trajectories(model, cfg.recurrence, mb)
     dist = model.distribution(params)
     log_probs = dist.log_prob(mb["actions"])
-    proximal = mb.get("proximal_log_probs")
+    start = mb.get("start_log_probs")
+    proximal = start if cfg.proximal_policy == "iteration" else None
     log_ratio = log_probs - (mb["log_probs"] if proximal is None else proximal)
     ratio = torch.exp(log_ratio)
     mask = mb.get("mask")  # the steps that train the value head
@@ -175,6 +185,8 @@ def minibatch_loss(model: ActorCritic, cfg: Any, hp: Hyperparams, mb: dict[str, 
             "exploration_loss": exploration_loss,
             "entropy": entropy,
             "kl": kl_loss,
+            "iteration_kl": (losses.kl_penalty(log_probs - start, acted) if start is not None
+                             else torch.full((), float("nan"), device=log_probs.device)),
             "clip_fraction": losses.masked_mean(((ratio < low) | (ratio > high)).float(), acted),
             "values": losses.masked_mean(values, mask),
             "value_targets": losses.masked_mean(targets, mask),
@@ -259,8 +271,8 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
-    if cfg.proximal_policy == "iteration":  # GAE only (appo/config/checks.py)
-        batch["proximal_log_probs"] = proximal_log_probs(model, cfg.recurrence, batch)
+    if needs_start_log_probs(cfg):  # --proximal_policy=iteration is GAE only (appo/config/checks.py)
+        batch["start_log_probs"] = start_log_probs(model, cfg.recurrence, batch)
     acting, truncated = batch.pop("acting", None), batch.pop("truncated", None)
     advantages = targets = None
     if not cfg.with_vtrace and acting is not None:
