@@ -48,7 +48,7 @@ from appo.memory.buffers import Layout
 from appo.population.pbt import load_population
 from appo.preflight import check_extension, check_machine, check_platform
 from appo.run.result import RunResult, result_path
-from appo.spaces import SpaceError, action_spec, obs_spaces
+from appo.spaces import SpaceError, action_spec, mirror_axes, obs_spaces
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log, logger_restored, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
@@ -200,7 +200,9 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     cfg = resolve(cfg, info.num_agents, info.turn_based)
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
-    except TypeError as exc:
+        if cfg.mirror_symmetry:
+            mirror_axes(info.obs_space, info.action_space)
+    except TypeError as exc:  # SpaceError is one
         raise ConfigError(f"--env={cfg.env}: {exc}") from exc
     check_machine(cfg, info)
     for line in auto_lines:

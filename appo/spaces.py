@@ -55,18 +55,44 @@ def mask_size(space: gym.Space) -> int:
 NATURE_CNN_MIN_SIZE = 36
 
 
+def channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether an image's shape is [H, W, C] rather than [C, H, W]: at most 4 channels last, more rows first."""
+    return len(shape) == 3 and shape[-1] <= 4 < shape[0]
+
+
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images
     [C, H, W] or [H, W, C], nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
     shape = tuple(space.shape)
     if len(shape) != 3:
         return MLP, f"{'x'.join(map(str, shape))} vector"
-    channels_last = shape[-1] <= 4 < shape[0]
-    height, width = shape[:2] if channels_last else shape[1:]
+    height, width = shape[:2] if channels_last(shape) else shape[1:]
     if min(height, width) >= NATURE_CNN_MIN_SIZE:
         return NATURE_CNN, f"{height}x{width} images"
     return SMALL_CNN, (f"{height}x{width} images, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} "
                          "nature_cnn needs")
+
+
+def mirror_axes(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int]:
+    """`--mirror_symmetry`: for each observation key, the axis of its space that the left-right mirror reverses (an
+    image's width, the action mask's one axis). The action must be Discrete with one choice per column of the images,
+    the mirror of column i being column n - 1 - i (connect four's moves). SpaceError for any other spaces."""
+    need = "--mirror_symmetry needs images whose width is the count of a Discrete action (connect four's 6x7 board)"
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise SpaceError(f"{need}, not the action space {action_space}")
+    axes = {}
+    for key, space in obs_spaces(obs_space).items():
+        shape = tuple(space.shape)
+        if key == MASK_KEY and shape == (action_space.n,):
+            axes[key] = 0
+        elif len(shape) == 3:
+            axes[key] = 1 if channels_last(shape) else 2
+            if shape[axes[key]] != action_space.n:
+                raise SpaceError(f"{need}: {key!r} is {'x'.join(map(str, shape))}, {shape[axes[key]]} wide, "
+                                 f"for {action_space.n} actions")
+        else:
+            raise SpaceError(f"{need}; the observation {key!r} of shape {shape} is no image")
+    return axes
 
 
 def obs_dtype(space: gym.spaces.Box) -> np.dtype:

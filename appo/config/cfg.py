@@ -54,7 +54,8 @@ DESCRIPTION = ("Asynchronous PPO: actor workers, batched inference workers and o
 
 # Flags that describe the model or the data layout; they must not change when resuming.
 ARCHITECTURE_FLAGS = ["env", "env_kwargs", "use_rnn", "rnn_type", "hidden_size", "mlp_layers", "num_policies",
-                      "encoder", "actor_critic_share_weights", "normalize_input", "normalize_returns"]
+                      "encoder", "mirror_symmetry", "actor_critic_share_weights", "normalize_input",
+                      "normalize_returns"]
 
 
 def str2bool(value: str) -> bool:

@@ -269,6 +269,12 @@ def check_action_mask(cfg: Any) -> None:
     raise ConfigError(f"--action_mask={cfg.action_mask}: unknown; use auto, info, info:KEY (an info key) or none")
 
 
+def check_mirror_symmetry(cfg: Any) -> None:
+    """The mirrored pass runs beside the model's one, with no recurrent state of its own."""
+    if cfg.mirror_symmetry and cfg.use_rnn:
+        raise ConfigError("--mirror_symmetry=True needs a feed-forward model: use --use_rnn=False")
+
+
 def check_experiment_name(cfg: Any) -> None:
     if not cfg.experiment or os.sep in cfg.experiment or cfg.experiment in (".", ".."):
         raise ConfigError(f"--experiment={cfg.experiment!r}: must be a plain folder name")
@@ -278,7 +284,7 @@ CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inferen
           check_lr_schedule, check_learner_ranks, check_proximal_policy, check_recurrence, check_population,
           check_perturb_factors, check_self_play, check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
-          check_encoder, check_action_mask, check_experiment_name, check_trackers_installed,
+          check_encoder, check_action_mask, check_mirror_symmetry, check_experiment_name, check_trackers_installed,
           wandb_tags)  # --wandb_tags parses to a list of tags
 
 

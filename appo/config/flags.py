@@ -260,6 +260,11 @@ class LearningFlags:
                             "'action_mask' key is then an ordinary observation). A mask holds one 0/1 per choice of a "
                             "Discrete action, or of each part of a MultiDiscrete one, in order; disallowed actions "
                             "get probability 0 when sampling, training, evaluating and in exported models.")
+    mirror_symmetry: bool = flag(False, MODEL,
+                                 "The env is the same mirrored left to right, its Discrete actions being the columns "
+                                 "of its image observations (connect four): the policy and value are averaged over "
+                                 "each observation and its mirror image, so what is learned on one side holds on the "
+                                 "other, for a second forward pass of every batch. Feed-forward models only.")
     actor_critic_share_weights: bool = flag(True, MODEL,
                                             "One encoder (and core) for policy and value heads; False gives the critic "
                                             "its own.")

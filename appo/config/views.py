@@ -72,6 +72,7 @@ class ModelFlags(RoleView):
 
     encoder: str
     action_mask: str
+    mirror_symmetry: bool
     hidden_size: int
     mlp_layers: int
     use_rnn: bool

@@ -24,7 +24,17 @@ from torch import Tensor, nn
 
 from appo.config.encoders import AUTO, IMPALA_RESNET, MLP, NATURE_CNN, REGISTERED, SMALL_CNN
 from appo.memory.buffers import rnn_size
-from appo.spaces import MASK_KEY, action_spec, auto_encoder, gaussian_box, initial_stds, masks_actions, obs_spaces
+from appo.spaces import (
+    MASK_KEY,
+    action_spec,
+    auto_encoder,
+    channels_last,
+    gaussian_box,
+    initial_stds,
+    masks_actions,
+    mirror_axes,
+    obs_spaces,
+)
 
 ObsDict = dict[str, Tensor]
 LOG_STD_BOUNDS = (-5.0, 2.0)  # a Gaussian's log-std is clamped to these when sampled and scored
@@ -208,13 +218,8 @@ def _conv(in_channels: int, out_channels: int, kernel: int, stride: int, padding
     return layer
 
 
-def _channels_last(space: gym.spaces.Box) -> bool:
-    shape = tuple(space.shape)
-    return len(shape) == 3 and shape[-1] <= 4 < shape[0]
-
-
 def _in_channels(space: gym.spaces.Box) -> int:
-    return space.shape[-1] if _channels_last(space) else space.shape[0]
+    return space.shape[-1] if channels_last(tuple(space.shape)) else space.shape[0]
 
 
 class _ConvEncoder(nn.Module):
@@ -223,7 +228,7 @@ class _ConvEncoder(nn.Module):
     def __init__(self, space: gym.spaces.Box, convs: nn.Module, out_size: int):
         super().__init__()
         shape = tuple(space.shape)
-        self.channels_last = _channels_last(space)
+        self.channels_last = channels_last(tuple(space.shape))
         chw = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         self.convs = convs
         with torch.no_grad():
@@ -428,6 +433,8 @@ class ActorCritic(nn.Module):
         # --action_mask: the policy head masks its logits with the mask key (masked_logits), which is also encoded like
         # any other: a turn-based game's seat must see whether it is its turn, or its value mixes both sides' targets.
         self.masked = masks_actions(cfg.action_mask, obs_space)
+        # --mirror_symmetry: per observation key, the axis of its space the left-right mirror reverses.
+        self.mirror_axes = mirror_axes(obs_space, action_space) if cfg.mirror_symmetry else None
         spaces = obs_spaces(obs_space)
         self.obs_norms = None
         if cfg.normalize_input:
@@ -471,8 +478,8 @@ class ActorCritic(nn.Module):
         h, c = core(x, state.chunk(2, dim=-1))
         return h, torch.cat([h, c], dim=-1)
 
-    def _policy_params(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        raw = self.policy_head(x)
+    def _policy_params(self, raw: Tensor, mask: Tensor | None) -> Tensor:
+        """The action params from the policy head's outputs `raw`: logits masked, or Gaussian means and log-stds."""
         if mask is not None:  # masks come with Discrete and MultiDiscrete actions only: params are all logits
             return masked_logits(raw, mask, [n for _, n in self.spec])
         if self.log_std is None:
@@ -493,9 +500,8 @@ class ActorCritic(nn.Module):
     def distribution(self, params: Tensor) -> ActionDistribution:
         return ActionDistribution(params, self.spec, self.scalar_action, self.action_centre, self.masked)
 
-    def _values(self, features: Tensor) -> Tensor:
-        """Value estimates in reward units (the head's output denormalised under --normalize_returns)."""
-        values = self.value_head(features).squeeze(-1)
+    def _values(self, values: Tensor) -> Tensor:
+        """Value estimates in reward units (the head's outputs denormalised under --normalize_returns)."""
         return values if self.returns_norm is None else self.returns_norm.denormalize(values)
 
     def normalize_values(self, values: Tensor) -> Tensor:
@@ -548,16 +554,31 @@ class ActorCritic(nn.Module):
             outputs.append(x)
         return outputs, torch.cat(next_states, dim=-1) if next_states else states
 
+    def _heads(self, obs: ObsDict, states: Tensor, dones: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The policy and value heads' outputs [n * L, ...] for obs [n, L, ...], and the next states.
+
+        With --mirror_symmetry each is the mean over the observation and its mirror image, the mirror's logits put
+        back in the columns' order: the policy and value are left-right symmetric whatever the weights, so what the
+        model learns of a position holds for its mirror image too (a second forward pass of each batch)."""
+        if self.mirror_axes is None:
+            features, next_states = self._features(obs, states, dones)
+            return self.policy_head(features[0]), self.value_head(features[-1]).squeeze(-1), next_states
+        both = {key: torch.cat([x, x.flip(2 + self.mirror_axes[key])]) for key, x in obs.items()}
+        features, _ = self._features(both, torch.cat([states, states]), None)  # feed-forward only (validate)
+        logits = self.policy_head(features[0]).unflatten(0, (2, -1))  # [original or mirror, n * L, actions]
+        values = self.value_head(features[-1]).squeeze(-1).unflatten(0, (2, -1))
+        return (logits[0] + logits[1].flip(-1)) / 2, values.mean(0), states
+
     def forward_step(self, obs: ObsDict, rnn_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One step for a batch of agents: (action params, values, next rnn states)."""
-        features, next_states = self._features({k: v.unsqueeze(1) for k, v in obs.items()}, rnn_states, None)
+        raw, values, next_states = self._heads({k: v.unsqueeze(1) for k, v in obs.items()}, rnn_states, None)
         mask = obs[MASK_KEY] if self.masked else None
-        return self._policy_params(features[0], mask), self._values(features[-1]), next_states
+        return self._policy_params(raw, mask), self._values(values), next_states
 
     def forward_sequence(self, obs: ObsDict, rnn_states: Tensor, dones: Tensor) -> tuple[Tensor, Tensor]:
         """Sequences obs [n, L, ...] from start states [n, H]; dones [n, L] reset the state after a step."""
         n, length = dones.shape
-        features, _ = self._features(obs, rnn_states, dones)
+        raw, values, _ = self._heads(obs, rnn_states, dones)
         mask = obs[MASK_KEY].reshape(n * length, -1) if self.masked else None
-        params = self._policy_params(features[0], mask)
-        return params.reshape(n, length, -1), self._values(features[-1]).reshape(n, length)
+        params = self._policy_params(raw, mask)
+        return params.reshape(n, length, -1), self._values(values).reshape(n, length)
