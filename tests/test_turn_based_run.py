@@ -82,14 +82,15 @@ def test_a_mover_whose_mask_allows_nothing_stops_the_run_in_one_line(trainer):
 
 
 @pytest.mark.timeout(150)
-def test_an_exported_masked_policy_takes_the_actions_pytorch_takes(trainer, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--mirror_symmetry=True"]])
+def test_an_exported_masked_policy_takes_the_actions_pytorch_takes(trainer, tmp_path, flags):
     pytest.importorskip("pettingzoo")
     pytest.importorskip("onnxruntime")
     import onnxruntime
 
     from appo.tools.export import export_policy
 
-    result = trainer.run(CONNECT_FOUR, "--experiment=c4x", "--num_workers=1", "--train_for_env_steps=4000",
+    result = trainer.run(CONNECT_FOUR, "--experiment=c4x", "--num_workers=1", "--train_for_env_steps=4000", *flags,
                          timeout=120)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     policy = load_policy(os.path.join(trainer.train_dir, "c4x"))
@@ -111,3 +112,8 @@ def test_an_exported_masked_policy_takes_the_actions_pytorch_takes(trainer, tmp_
     with torch.no_grad():
         again = policy.act({"observation": boards, MASK_KEY: flipped}, deterministic=True)
     assert flipped[np.arange(256), again].all() and not np.array_equal(again, torch_actions)
+    if flags:  # the mirrored policy, exported, plays each board's mirror image in the mirrored column
+        feeds = {MASK_KEY: masks[:, ::-1].copy(), "observation": boards[:, :, ::-1].copy()}
+        params = session.run(["action_params"], {i.name: feeds[i.name] for i in session.get_inputs()})[0]
+        ties = np.sort(params, -1)[:, -1] - np.sort(params, -1)[:, -2] < 1e-5  # a tie's argmax is the first column
+        assert np.array_equal((6 - params.argmax(-1))[~ties], onnx_actions[~ties])
