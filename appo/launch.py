@@ -198,12 +198,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     if not resuming:
         cfg, info, auto_lines = _apply_auto(cfg, given, info)
     cfg = resolve(cfg, info.num_agents, info.turn_based)
-    try:
-        Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
-        if cfg.mirror_symmetry:
-            mirror_axes(info.obs_space, info.action_space)
-    except TypeError as exc:  # SpaceError is one
-        raise ConfigError(f"--env={cfg.env}: {exc}") from exc
+    check_spaces_fit(cfg, info)
     check_machine(cfg, info)
     for line in auto_lines:
         log.info(line)
@@ -222,6 +217,16 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
+
+
+def check_spaces_fit(cfg: Config, info: EnvInfo) -> None:
+    """The buffers' layout, and the model's mirror where asked, fit the env's spaces; ConfigError naming the env."""
+    try:
+        Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
+        if cfg.mirror_symmetry:
+            mirror_axes(info.obs_space, info.action_space)
+    except TypeError as exc:  # SpaceError is one
+        raise ConfigError(f"--env={cfg.env}: {exc}") from exc
 
 
 def _apply_auto(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, EnvInfo, list[str]]:
