@@ -564,7 +564,7 @@ class ActorCritic(nn.Module):
             features, next_states = self._features(obs, states, dones)
             return self.policy_head(features[0]), self.value_head(features[-1]).squeeze(-1), next_states
         both = {key: torch.cat([x, x.flip(2 + self.mirror_axes[key])]) for key, x in obs.items()}
-        features, _ = self._features(both, torch.cat([states, states]), None)  # feed-forward only (validate)
+        features, _ = self._features(both, states, None)  # feed-forward only (check_mirror_symmetry): no states
         logits = self.policy_head(features[0]).unflatten(0, (2, -1))  # [original or mirror, n * L, actions]
         values = self.value_head(features[-1]).squeeze(-1).unflatten(0, (2, -1))
         return (logits[0] + logits[1].flip(-1)) / 2, values.mean(0), states
