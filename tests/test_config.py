@@ -193,6 +193,8 @@ def test_make_config_resolves_what_depends_on_the_env():
     assert make_config(env="CartPole-v1", lr_schedule="kl_adaptive").lr_schedule == "kl_adaptive"  # no budget needed
     with pytest.raises(ConfigError, match="--proximal_policy=iteration weights GAE's advantages"):
         make_config(env="CartPole-v1", proximal_policy="iteration", with_vtrace=True)
+    with pytest.raises(ConfigError, match="--recompute_advantages=True computes GAE again every pass"):
+        make_config(env="CartPole-v1", recompute_advantages=True, with_vtrace=True)
 
 
 def test_cfg_json_keeps_its_format_and_resumes(tmp_path):

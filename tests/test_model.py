@@ -13,9 +13,17 @@ import torch
 from appo.config.cfg import build_parser, resolve
 from appo.config.encoders import AUTO, BUILT_IN_ENCODERS
 from appo.config.hyperparams import Hyperparams
+from appo.learning import losses
 from appo.learning.model import ENCODERS, ActionDistribution, ActorCritic, ImpalaResnet, NatureCnn
 from appo.learning.policy import load_optimizer_state, make_optimizer
-from appo.learning.ppo import UPDATE_FIELDS, forward_trajectories, minibatch_loss, ppo_updates, train_step
+from appo.learning.ppo import (
+    UPDATE_FIELDS,
+    bootstrap_values,
+    forward_trajectories,
+    minibatch_loss,
+    ppo_updates,
+    train_step,
+)
 from appo.memory.buffers import Layout
 from appo.spaces import action_layout, action_spec, to_env_action
 
@@ -473,6 +481,45 @@ def test_the_iteration_kl_leaves_out_the_policy_lag_and_is_taken_only_when_neede
         assert 0.0 < rows[1]["iteration_kl"] < rows[2]["iteration_kl"] < rows[2]["kl"]
     else:
         assert all(math.isnan(row["iteration_kl"]) for row in rows)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advantages(recompute):
+    """A reference that steps pass by pass, GAE by hand from the values of the model as it is at each pass's start
+    (--recompute_advantages) or from the stored behaviour values and the first bootstrap (the default), trains the
+    same weights as `ppo_updates`; the two settings train different ones."""
+    torch.manual_seed(9)
+    cfg = make_cfg(actor_critic_share_weights=False, recompute_advantages=recompute, num_batches_per_iteration=2,
+                   ppo_epochs=3, normalize_input=False)
+    hp = Hyperparams.from_cfg(cfg)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8), "values": torch.randn(4, 8)}
+
+    def trained(cfg) -> list[torch.Tensor]:
+        learner = copy.deepcopy(model)
+        list(ppo_updates(learner, make_optimizer(learner, 1e-2, cfg), cfg, hp, dict(batch),
+                         torch.Generator().manual_seed(0)))
+        return [p.detach() for p in learner.parameters()]
+
+    reference = copy.deepcopy(model)
+    optimizer, shuffle = make_optimizer(reference, 1e-2, cfg), torch.Generator().manual_seed(0)
+    bootstrap = bootstrap_values(reference, batch)
+    for _ in range(cfg.ppo_epochs):
+        values = batch["values"]
+        if recompute:
+            with torch.no_grad():
+                values = forward_trajectories(reference, cfg.recurrence, batch)[1]
+            bootstrap = bootstrap_values(reference, batch)
+        advantages, targets = losses.gae(batch["rewards"], batch["dones"], values, bootstrap, hp.gamma,
+                                         hp.gae_lambda)
+        for rows in torch.randperm(4, generator=shuffle).chunk(2):
+            train_step(reference, optimizer, cfg, hp, {name: tensor[rows] for name, tensor in batch.items()
+                                                       if name != "obs"} | {"obs": as_obs(batch["obs"]["obs"][rows])},
+                       advantages[rows], targets[rows])
+    ours = trained(cfg)
+    assert all(torch.equal(a, b) for a, b in zip(ours, reference.parameters()))
+    other = trained(dataclasses.replace(cfg, recompute_advantages=not recompute))
+    assert not all(torch.equal(a, b) for a, b in zip(ours, other))
 
 
 def _snapshot(model: ActorCritic, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

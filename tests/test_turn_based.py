@@ -133,9 +133,11 @@ def filled_buffers(cfg, env, steps: int, seed: int = 0) -> tuple[TrajBuffers, La
     return traj, layout
 
 
-def test_waiting_seats_make_no_samples_and_train_nothing():
+@pytest.mark.parametrize("recompute_advantages", [False, True])
+def test_waiting_seats_make_no_samples_and_train_nothing(recompute_advantages):
     cfg = make_config(num_agents=2, env=TAKE_AWAY, rollout=8, batch_size=16, num_envs_per_worker=1,
-                      worker_num_splits=1, num_workers=1, ppo_epochs=2, num_batches_per_iteration=2)
+                      worker_num_splits=1, num_workers=1, ppo_epochs=2, num_batches_per_iteration=2,
+                      recompute_advantages=recompute_advantages)
     env = make_env(TAKE_AWAY)
     traj, _ = filled_buffers(cfg, env, cfg.rollout)
     builder = BatchBuilder(cfg, traj, 0, torch.device("cpu"), masked=False, action_masks=True)

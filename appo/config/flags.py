@@ -321,6 +321,12 @@ class LearningFlags:
     gamma: float = flag(0.995, LEARNING, "Discount factor of future rewards.", valid="(0, 1]")
     normalize_advantage: bool = flag(True, LEARNING,
                                      "Normalise advantages to zero mean and unit std within each minibatch.")
+    recompute_advantages: bool = flag(False, LEARNING,
+                                      "Compute GAE's advantages and value targets again at the start of every pass "
+                                      "from the value head's current weights, instead of once from the values "
+                                      "inference stored (the behaviour policy's, up to --max_policy_lag versions "
+                                      "old). One more forward pass over the iteration's samples a pass. GAE only "
+                                      "(--with_vtrace=False, whose targets already use the current values).")
     value_bootstrap: bool = flag(True, LEARNING,
                                  "On time-limit truncation add gamma * V(s) to the last reward instead of treating it "
                                  "as death.")

@@ -131,6 +131,7 @@ class LearnerConfig(ModelFlags):
     vtrace_rho: float
     vtrace_c: float
     normalize_advantage: bool
+    recompute_advantages: bool
     value_bootstrap: bool
     reward_scale: float
     reward_clip: float

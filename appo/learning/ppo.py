@@ -257,6 +257,33 @@ def moves_only(batch: dict[str, Any], advantages: Tensor, targets: Tensor
     return moves, one_step(advantages), one_step(targets)
 
 
+def advantages_and_targets(cfg: Any, hp: Hyperparams, batch: dict[str, Any], values: Tensor, acting: Tensor | None,
+                           truncated: Tensor | None) -> tuple[dict[str, Any], Tensor, Tensor]:
+    """GAE's advantages and value targets from `values` [n, T] and the batch's `bootstrap` [n], and the batch the
+    passes train on. With action masks (`acting`, `truncated`) GAE runs over each seat's own moves
+    (`losses.turn_gae`), only the moves with a known return train, the value head included, and a feed-forward model
+    trains on those moves alone (`moves_only`)."""
+    if acting is None:
+        advantages, targets = losses.gae(batch["rewards"], batch["dones"], values, batch["bootstrap"], hp.gamma,
+                                         hp.gae_lambda)
+        return batch, advantages, targets
+    advantages, targets, known = losses.turn_gae(batch["rewards"], batch["dones"], truncated, values,
+                                                 batch["bootstrap"], acting, hp.gamma, hp.gae_lambda)
+    moves = batch["policy_mask"] * known
+    batch = {**batch, "mask": moves, "policy_mask": moves}
+    if cfg.recurrence == 1:
+        return moves_only(batch, advantages, targets)
+    return batch, advantages, targets
+
+
+@torch.no_grad()
+def current_values(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> Tensor:
+    """Values [n, T] of the batch's steps under the current weights: what --recompute_advantages takes GAE from at
+    the start of every pass, where the stored values are the behaviour policy's, up to --max_policy_lag versions
+    old, and older still after the first pass."""
+    return forward_trajectories(model, recurrence, batch)[1]
+
+
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                 batch: dict[str, Any], shuffle: torch.Generator | None = None,
                 another_epoch: Callable[[], bool] | None = None,
@@ -274,28 +301,26 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     if needs_start_log_probs(cfg):  # --proximal_policy=iteration is GAE only (appo/config/checks.py)
         batch["start_log_probs"] = start_log_probs(model, cfg.recurrence, batch)
     acting, truncated = batch.pop("acting", None), batch.pop("truncated", None)
-    advantages = targets = None
-    if not cfg.with_vtrace and acting is not None:
-        advantages, targets, known = losses.turn_gae(batch["rewards"], batch["dones"], truncated, batch["values"],
-                                                     batch["bootstrap"], acting, hp.gamma, hp.gae_lambda)
-        batch["mask"] = batch["policy_mask"] = batch["policy_mask"] * known  # the value head learns the moves too
-        if cfg.recurrence == 1:
-            batch, advantages, targets = moves_only(batch, advantages, targets)
-    elif not cfg.with_vtrace:
-        advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"], batch["bootstrap"],
-                                         hp.gamma, hp.gae_lambda)
-    n = batch["rewards"].shape[0]
+    trained, advantages, targets = batch, None, None
+    if not cfg.with_vtrace:
+        values = current_values(model, cfg.recurrence, batch) if cfg.recompute_advantages else batch["values"]
+        trained, advantages, targets = advantages_and_targets(cfg, hp, batch, values, acting, truncated)
+    n = trained["rewards"].shape[0]
     num_minibatches = min(cfg.num_batches_per_iteration, n)
     for epoch in range(cfg.ppo_epochs):
         go_on = epoch == 0 or another_epoch is None or another_epoch()
         order = None
         if go_on and (ranks is None or ranks.rank == 0):
-            order = torch.randperm(n, generator=shuffle, device=batch["rewards"].device)
+            order = torch.randperm(n, generator=shuffle, device=trained["rewards"].device)
         if ranks is not None:
             go_on, order = ranks.agree_on_pass(go_on, order, n)
         if not go_on:
             return
+        if epoch > 0 and cfg.recompute_advantages:  # GAE only (appo/config/checks.py)
+            batch["bootstrap"] = bootstrap_values(model, batch)
+            values = current_values(model, cfg.recurrence, batch)
+            trained, advantages, targets = advantages_and_targets(cfg, hp, batch, values, acting, truncated)
         for mb_index in order.chunk(num_minibatches):
-            mb = {name: select(tensor, mb_index) for name, tensor in batch.items()}
+            mb = {name: select(tensor, mb_index) for name, tensor in trained.items()}
             yield train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
                              None if targets is None else targets[mb_index], ranks)
