@@ -125,3 +125,26 @@ def test_with_an_iteration_queued_the_learner_trains_without_waiting_on_its_empt
     assert learner.policy.version == 1
     assert time.monotonic() - started < 30.0  # an iteration of 32 samples; a wait would take the 60 s
 
+
+
+def test_rows_gathered_through_kept_host_buffers_are_the_indexed_rows_and_the_buffers_are_reused():
+    """`DeviceCopies`'s GPU path (each field gathered into a host buffer kept from batch to batch, pinned on CUDA,
+    then copied without waiting), run on the CPU with unpinned buffers: the rows are those indexed, of every
+    observation key, a smaller batch reuses a buffer and a larger one grows it. A CPU learner indexes directly."""
+    from appo.learning.batching import DeviceCopies
+
+    assert not DeviceCopies(torch.device("cpu")).staged
+    copies = DeviceCopies(torch.device("cpu"), staged=True)
+    values = torch.randn(10, 6)
+    obs = {"pixels": torch.randint(0, 255, (10, 3, 2), dtype=torch.uint8), "vector": torch.randn(10, 3)}
+    index = torch.tensor([3, 1, 7])
+    assert torch.equal(copies.rows("values", values, index), values[index])
+    rows = copies.rows("obs", obs, index)
+    assert all(torch.equal(rows[key], obs[key][index]) for key in obs) and rows["pixels"].dtype == torch.uint8
+    kept = copies.buffers["values"].data_ptr()
+    assert torch.equal(copies.rows("values", values, torch.tensor([9])), values[[9]])
+    assert copies.buffers["values"].data_ptr() == kept
+    every = torch.arange(10).flip(0)
+    assert torch.equal(copies.rows("values", values, every), values[every]) and len(copies.buffers["values"]) == 10
+    copies.sent()
+    copies.wait()  # nothing to wait for on a CPU

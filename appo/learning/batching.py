@@ -2,7 +2,7 @@
 
 `OwedSlots` keeps the slots that hold finished trajectories for one learner, oldest first, and hands them back to
 their actors (appo/memory/slots.py). `BatchBuilder` copies the fresh enough ones out of shared memory into a batch
-on the learner's device (the layout of a batch is in appo/learning/ppo.py).
+on the learner's device (the layout of a batch is in appo/learning/ppo.py), through `DeviceCopies`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from appo.config.views import LearnerConfig
 from appo.learning import losses
-from appo.learning.ppo import replace_nonfinite_, select
+from appo.learning.ppo import replace_nonfinite_
 from appo.memory.buffers import TRUNCATED, TrajBuffers
 from appo.memory.slots import release_slots
 from appo.spaces import MASK_KEY
@@ -68,6 +68,48 @@ class OwedSlots:
         release_slots(self.control, self.layout, self.actor_inboxes, self.policy_id, slots)
 
 
+class DeviceCopies:
+    """Rows of the trajectory buffers copied to the learner's device.
+
+    On a GPU the rows of each field are gathered into a page-locked ("pinned") host buffer of that field, kept from
+    batch to batch, and copied without waiting (`non_blocking`): a copy from pageable memory goes through the
+    driver's own staging and holds the learner until it is done, one from pinned memory runs by DMA while the learner
+    goes on. A buffer is refilled only once the copies out of it have finished (`wait`, on an event recorded after
+    them). On a CPU the rows are indexed out of the buffers, and `staged` is False."""
+
+    def __init__(self, device: torch.device, staged: bool | None = None):
+        """`staged` (default: on CUDA) gathers through the kept host buffers, pinned on CUDA."""
+        self.device = device
+        self.staged = device.type == "cuda" if staged is None else staged
+        self.buffers: dict[str, Tensor] = {}
+        self.copied: Any = None  # a torch.cuda.Event after the last batch's copies
+
+    def rows(self, name: str, x: Tensor | dict[str, Tensor], index: Tensor) -> Tensor | dict[str, Tensor]:
+        """Rows `index` of `x` (a tensor, or an observation dict) on the device."""
+        if isinstance(x, dict):
+            return {key: self.rows(f"{name}/{key}", value, index) for key, value in x.items()}
+        if not self.staged:
+            return x[index].to(self.device)
+        buffer = self.buffers.get(name)
+        if buffer is None or len(buffer) < len(index) or buffer.shape[1:] != x.shape[1:]:
+            buffer = torch.empty((len(index), *x.shape[1:]), dtype=x.dtype, pin_memory=self.device.type == "cuda")
+            self.buffers[name] = buffer
+        gathered = torch.index_select(x, 0, index, out=buffer[:len(index)])
+        return gathered.to(self.device, non_blocking=True)
+
+    def wait(self) -> None:
+        """Until the last batch's copies are done: its buffers may be refilled."""
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+
+    def sent(self) -> None:
+        """The batch's copies are queued: mark where they end."""
+        if self.staged and self.device.type == "cuda":
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+
 @dataclass
 class Batch:
     """What `BatchBuilder.build` made of some slots."""
@@ -91,6 +133,7 @@ class BatchBuilder:
         waiting for its turn (appo/envs/pettingzoo_turns.py), which trains nothing itself."""
         self.cfg, self.policy_id, self.device, self.masked = cfg, policy_id, device, masked
         self.traj = traj.torch_views()
+        self.copies = DeviceCopies(device)
         self.action_masks = action_masks
 
     def own_steps(self, index: Tensor) -> Tensor:
@@ -121,7 +164,9 @@ class BatchBuilder:
             return result
         lags = (version - versions[fresh])[valid[fresh]].float()
         result.lags = (lags.min().item(), lags.max().item(), lags.mean().item())
-        batch = {name: select(traj[name], keep, self.device) for name in self.FIELDS}
+        self.copies.wait()
+        batch = {name: self.copies.rows(name, traj[name], keep) for name in self.FIELDS}
+        self.copies.sent()
         done_codes = batch["dones"]
         truncated = (done_codes == TRUNCATED).float()
         batch["rewards"] = losses.shaped_rewards(batch["rewards"], truncated, batch["values"],

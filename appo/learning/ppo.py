@@ -36,26 +36,23 @@ STATS = ("loss", "policy_loss", "value_loss", "exploration_loss", "entropy", "kl
 UPDATE_FIELDS = (*STATS, "grad_norm", "applied")
 
 
-def select(x: Tensor | dict[str, Tensor], index: Tensor, device: torch.device | None = None
-           ) -> Tensor | dict[str, Tensor]:
-    """Rows `index` of a tensor, or of every tensor of an observation dict (optionally moved to device)."""
+def select(x: Tensor | dict[str, Tensor], index: Tensor) -> Tensor | dict[str, Tensor]:
+    """Rows `index` of a tensor, or of every tensor of an observation dict."""
     if isinstance(x, dict):
-        return {key: select(value, index, device) for key, value in x.items()}
-    rows = x[index]
-    return rows if device is None else rows.to(device)
+        return {key: select(value, index) for key, value in x.items()}
+    return x[index]
 
 
 def replace_nonfinite_(batch: dict[str, Any]) -> int:
-    """Set non-finite observations (float keys) and rewards of a batch to 0 in place; returns how many."""
-    count = 0
+    """Set non-finite observations (float keys) and rewards of a batch to 0 in place; returns how many. One host
+    sync in all (the count), none per tensor: on a GPU the copies of the batch need not be waited for key by key."""
+    counts = []
     for tensor in [*batch["obs"].values(), batch["rewards"]]:
         if tensor.is_floating_point():
             bad = ~torch.isfinite(tensor)
-            n = int(bad.sum())
-            if n:
-                tensor[bad] = 0.0
-                count += n
-    return count
+            counts.append(bad.sum())
+            tensor.masked_fill_(bad, 0.0)
+    return int(torch.stack(counts).sum()) if counts else 0
 
 
 def forward_trajectories(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
