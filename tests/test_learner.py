@@ -148,3 +148,18 @@ def test_rows_gathered_through_kept_host_buffers_are_the_indexed_rows_and_the_bu
     assert torch.equal(copies.rows("values", values, every), values[every]) and len(copies.buffers["values"]) == 10
     copies.sent()
     copies.wait()  # nothing to wait for on a CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned path runs on CUDA (scripts/gpu_check.py)")
+def test_on_cuda_rows_go_through_pinned_buffers_and_each_batch_is_its_own():
+    from appo.learning.batching import DeviceCopies
+
+    copies = DeviceCopies(torch.device("cuda"))
+    values = torch.randn(64, 5)
+    first = copies.rows("values", values, torch.arange(32))
+    copies.sent()
+    copies.wait()
+    second = copies.rows("values", values, torch.arange(32, 64))
+    copies.sent()
+    assert copies.staged and copies.buffers["values"].is_pinned()
+    assert torch.equal(first.cpu(), values[:32]) and torch.equal(second.cpu(), values[32:])
