@@ -195,6 +195,9 @@ def test_make_config_resolves_what_depends_on_the_env():
         make_config(env="CartPole-v1", proximal_policy="iteration", with_vtrace=True)
     with pytest.raises(ConfigError, match="--recompute_advantages=True computes GAE again every pass"):
         make_config(env="CartPole-v1", recompute_advantages=True, with_vtrace=True)
+    for flag in ("use_rnn", "with_vtrace"):
+        with pytest.raises(ConfigError, match=f"--shuffle_steps=True draws minibatches of single steps; --{flag}=True"):
+            make_config(env="CartPole-v1", shuffle_steps=True, **{flag: True})
 
 
 def test_cfg_json_keeps_its_format_and_resumes(tmp_path):

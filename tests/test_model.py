@@ -522,6 +522,45 @@ def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advanta
     assert not all(torch.equal(a, b) for a, b in zip(ours, other))
 
 
+def test_shuffled_steps_train_as_minibatches_of_this_policys_single_steps():
+    """--shuffle_steps: after GAE over the trajectories, each pass draws its minibatches from the steps this policy
+    took (another acting id's steps, `mask` 0, left out), one by one; a reference that flattens them by hand and
+    steps through the same draws trains the same weights, and whole-trajectory minibatches train other ones."""
+    torch.manual_seed(10)
+    cfg = make_cfg(actor_critic_share_weights=False, shuffle_steps=True, num_batches_per_iteration=3, ppo_epochs=2,
+                   normalize_input=False)
+    hp = Hyperparams.from_cfg(cfg)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    mask = (torch.rand(4, 8) > 0.25).float()
+    batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8), "values": torch.randn(4, 8), "mask": mask}
+
+    def trained(cfg) -> list[torch.Tensor]:
+        learner = copy.deepcopy(model)
+        list(ppo_updates(learner, make_optimizer(learner, 1e-2, cfg), cfg, hp, dict(batch),
+                         torch.Generator().manual_seed(0)))
+        return [p.detach() for p in learner.parameters()]
+
+    reference = copy.deepcopy(model)
+    optimizer, shuffle = make_optimizer(reference, 1e-2, cfg), torch.Generator().manual_seed(0)
+    advantages, targets = losses.gae(batch["rewards"], batch["dones"], batch["values"],
+                                     bootstrap_values(reference, batch), hp.gamma, hp.gae_lambda)
+    own = mask > 0
+    steps = {name: batch[name][own].unsqueeze(1) for name in ("actions", "log_probs", "values", "rewards", "dones")}
+    observations = batch["obs"]["obs"][:, :-1][own]
+    steps["obs"] = as_obs(torch.stack([observations, observations], dim=1))
+    steps["rnn_states"] = torch.zeros(len(observations), 2, model.state_size)
+    count = int(own.sum())
+    for _ in range(cfg.ppo_epochs):
+        for rows in torch.randperm(count, generator=shuffle).chunk(3):
+            mb = {name: tensor[rows] for name, tensor in steps.items() if name != "obs"}
+            train_step(reference, optimizer, cfg, hp, mb | {"obs": as_obs(steps["obs"]["obs"][rows])},
+                       advantages[own][rows].unsqueeze(1), targets[own][rows].unsqueeze(1))
+    ours = trained(cfg)
+    assert all(torch.equal(a, b) for a, b in zip(ours, reference.parameters()))
+    whole = trained(dataclasses.replace(cfg, shuffle_steps=False))
+    assert not all(torch.equal(a, b) for a, b in zip(ours, whole))
+
+
 def _snapshot(model: ActorCritic, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor an update may change: weights, normalisation statistics, Adam's moments and step counts."""
     state = [tensor.clone() for tensor in model.state_dict().values()]

@@ -13,7 +13,7 @@ from appo.envs.registry import EnvError
 from appo.learning.batching import BatchBuilder
 from appo.learning.model import ActorCritic
 from appo.learning.policy import make_optimizer
-from appo.learning.ppo import moves_only, ppo_updates
+from appo.learning.ppo import ppo_updates, single_steps
 from appo.memory.buffers import Layout, TrajBuffers
 from appo.sampling.inference_worker import forward_moving
 from appo.spaces import MASK_KEY
@@ -177,7 +177,7 @@ def test_a_feed_forward_learner_trains_on_the_moves_alone():
         [0, 1], version=0, min_version=0, gamma=0.99).tensors
     tensors.pop("acting"), tensors.pop("truncated")  # what `ppo_updates` takes out for `losses.turn_gae`
     advantages, targets = torch.randn(2, cfg.rollout), torch.randn(2, cfg.rollout)
-    moves, move_advantages, move_targets = moves_only(tensors, advantages, targets)
+    moves, move_advantages, move_targets = single_steps(tensors, advantages, targets, tensors["policy_mask"] > 0)
     rows = tensors["policy_mask"] > 0
     assert len(moves["actions"]) == int(rows.sum()) <= cfg.rollout
     assert torch.equal(moves["actions"][:, 0], tensors["actions"][rows])

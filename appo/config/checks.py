@@ -186,6 +186,13 @@ def check_recompute_advantages(cfg: Any) -> None:
                           "targets from the current values at every minibatch already: use one of them")
 
 
+def check_shuffle_steps(cfg: Any) -> None:
+    if cfg.shuffle_steps and (cfg.use_rnn or cfg.with_vtrace):
+        flag = "--use_rnn=True" if cfg.use_rnn else "--with_vtrace=True"
+        raise ConfigError(f"--shuffle_steps=True draws minibatches of single steps; {flag} needs whole trajectories "
+                          "in a minibatch: use --shuffle_steps=False with it")
+
+
 def check_recurrence(cfg: Any) -> None:
     if cfg.recurrence != -1 and (cfg.recurrence <= 0 or cfg.rollout % cfg.recurrence != 0):
         raise ConfigError(f"--recurrence={cfg.recurrence} must be -1 or a positive divisor of --rollout={cfg.rollout}")
@@ -287,8 +294,9 @@ def check_experiment_name(cfg: Any) -> None:
 
 
 CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inference_workers, check_splits, check_batch,
-          check_lr_schedule, check_learner_ranks, check_proximal_policy, check_recompute_advantages, check_recurrence,
-          check_population, check_perturb_factors, check_self_play, check_policy_mapping,
+          check_lr_schedule, check_learner_ranks, check_proximal_policy, check_recompute_advantages,
+          check_shuffle_steps, check_recurrence, check_population, check_perturb_factors, check_self_play,
+          check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
           check_encoder, check_action_mask, check_mirror_symmetry, check_experiment_name, check_trackers_installed,
           wandb_tags)  # --wandb_tags parses to a list of tags

@@ -132,6 +132,7 @@ class LearnerConfig(ModelFlags):
     vtrace_c: float
     normalize_advantage: bool
     recompute_advantages: bool
+    shuffle_steps: bool
     value_bootstrap: bool
     reward_scale: float
     reward_clip: float

@@ -232,13 +232,13 @@ def clip_gradients(model: ActorCritic, max_grad_norm: float) -> Tensor:
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
 
 
-def moves_only(batch: dict[str, Any], advantages: Tensor, targets: Tensor
-               ) -> tuple[dict[str, Any], Tensor, Tensor]:
-    """The steps that train (`policy_mask`) as trajectories of one step each, with their advantages and targets. A
-    feed-forward model needs no step's neighbours once GAE is done, and a turn-based game's waiting steps, half its
-    steps, then cost the learner nothing. Each one-step trajectory's second observation repeats its first (a view):
-    the layout wants T+1, and nothing reads it after `bootstrap_values`."""
-    rows = batch["policy_mask"] > 0
+def single_steps(batch: dict[str, Any], advantages: Tensor, targets: Tensor, rows: Tensor
+                 ) -> tuple[dict[str, Any], Tensor, Tensor]:
+    """The steps `rows` [n, T] of a batch as trajectories of one step each, with their advantages and targets: the
+    steps that train, which are then every step of the batch (no `mask` or `policy_mask`). A feed-forward model needs
+    no step's neighbours once GAE is done: a turn-based game's waiting steps, half its steps, then cost the learner
+    nothing, and --shuffle_steps draws minibatches of single steps. Each one-step trajectory's second observation
+    repeats its first (a view): the layout wants T+1, and nothing reads it after `bootstrap_values`."""
 
     def one_step(x: Tensor) -> Tensor:
         return x[rows].unsqueeze(1)
@@ -247,30 +247,33 @@ def moves_only(batch: dict[str, Any], advantages: Tensor, targets: Tensor
         taken = x[:, :-1][rows]
         return taken.unsqueeze(1).expand(len(taken), 2, *taken.shape[1:])
 
-    moves = {name: one_step(x) for name, x in batch.items()
+    steps = {name: one_step(x) for name, x in batch.items()
              if name not in ("obs", "rnn_states", "bootstrap", "mask", "policy_mask")}
-    moves["obs"] = {key: with_next(obs) for key, obs in batch["obs"].items()}
-    moves["rnn_states"] = with_next(batch["rnn_states"])
-    return moves, one_step(advantages), one_step(targets)
+    steps["obs"] = {key: with_next(obs) for key, obs in batch["obs"].items()}
+    steps["rnn_states"] = with_next(batch["rnn_states"])
+    return steps, one_step(advantages), one_step(targets)
 
 
 def advantages_and_targets(cfg: Any, hp: Hyperparams, batch: dict[str, Any], values: Tensor, acting: Tensor | None,
                            truncated: Tensor | None) -> tuple[dict[str, Any], Tensor, Tensor]:
     """GAE's advantages and value targets from `values` [n, T] and the batch's `bootstrap` [n], and the batch the
-    passes train on. With action masks (`acting`, `truncated`) GAE runs over each seat's own moves
+    passes train on: whole trajectories, or with --shuffle_steps (a feed-forward model) the steps this policy took,
+    one by one (`single_steps`). With action masks (`acting`, `truncated`) GAE runs over each seat's own moves
     (`losses.turn_gae`), only the moves with a known return train, the value head included, and a feed-forward model
-    trains on those moves alone (`moves_only`)."""
+    trains on those moves alone."""
     if acting is None:
         advantages, targets = losses.gae(batch["rewards"], batch["dones"], values, batch["bootstrap"], hp.gamma,
                                          hp.gae_lambda)
+        if cfg.shuffle_steps:  # feed-forward only (appo/config/checks.py)
+            own = batch["mask"] > 0 if "mask" in batch else torch.ones_like(batch["dones"], dtype=torch.bool)
+            return single_steps(batch, advantages, targets, own)
         return batch, advantages, targets
     advantages, targets, known = losses.turn_gae(batch["rewards"], batch["dones"], truncated, values,
                                                  batch["bootstrap"], acting, hp.gamma, hp.gae_lambda)
     moves = batch["policy_mask"] * known
-    batch = {**batch, "mask": moves, "policy_mask": moves}
     if cfg.recurrence == 1:
-        return moves_only(batch, advantages, targets)
-    return batch, advantages, targets
+        return single_steps(batch, advantages, targets, moves > 0)
+    return {**batch, "mask": moves, "policy_mask": moves}, advantages, targets
 
 
 @torch.no_grad()
@@ -286,9 +289,9 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
                 another_epoch: Callable[[], bool] | None = None,
                 ranks: RankGroup | None = None) -> Iterator[Tensor]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
-    bootstrap observations, compute GAE (V-trace is computed per minibatch, in `train_step`; with action masks, over
-    each seat's own moves, `losses.turn_gae`, and a feed-forward model trains on those moves alone), then up to
-    --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole trajectories. Yields each
+    bootstrap observations, compute GAE (`advantages_and_targets`; V-trace is computed per minibatch, in
+    `train_step`), then up to --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole
+    trajectories (of single steps with --shuffle_steps, and of single moves in a turn-based game). Yields each
     minibatch's `UPDATE_FIELDS` (`train_step`) right after its step. `shuffle` draws the
     minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
     iteration early when it returns False (the first pass always runs). With `ranks`, rank 0 decides the passes and
