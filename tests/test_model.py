@@ -483,6 +483,15 @@ def test_the_iteration_kl_leaves_out_the_policy_lag_and_is_taken_only_when_neede
         assert all(math.isnan(row["iteration_kl"]) for row in rows)
 
 
+def iterated(model: ActorCritic, cfg, hp: Hyperparams, batch: dict) -> list[torch.Tensor]:
+    """The weights of a copy of `model` after one `ppo_updates` iteration over `batch` (minibatches drawn by seed 0,
+    the Adam of learning rate 1e-2)."""
+    learner = copy.deepcopy(model)
+    list(ppo_updates(learner, make_optimizer(learner, 1e-2, cfg), cfg, hp, dict(batch),
+                     torch.Generator().manual_seed(0)))
+    return [p.detach() for p in learner.parameters()]
+
+
 @pytest.mark.parametrize("recompute", [True, False])
 def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advantages(recompute):
     """A reference that steps pass by pass, GAE by hand from the values of the model as it is at each pass's start
@@ -494,12 +503,6 @@ def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advanta
     hp = Hyperparams.from_cfg(cfg)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8), "values": torch.randn(4, 8)}
-
-    def trained(cfg) -> list[torch.Tensor]:
-        learner = copy.deepcopy(model)
-        list(ppo_updates(learner, make_optimizer(learner, 1e-2, cfg), cfg, hp, dict(batch),
-                         torch.Generator().manual_seed(0)))
-        return [p.detach() for p in learner.parameters()]
 
     reference = copy.deepcopy(model)
     optimizer, shuffle = make_optimizer(reference, 1e-2, cfg), torch.Generator().manual_seed(0)
@@ -516,9 +519,9 @@ def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advanta
             train_step(reference, optimizer, cfg, hp, {name: tensor[rows] for name, tensor in batch.items()
                                                        if name != "obs"} | {"obs": as_obs(batch["obs"]["obs"][rows])},
                        advantages[rows], targets[rows])
-    ours = trained(cfg)
+    ours = iterated(model, cfg, hp, batch)
     assert all(torch.equal(a, b) for a, b in zip(ours, reference.parameters()))
-    other = trained(dataclasses.replace(cfg, recompute_advantages=not recompute))
+    other = iterated(model, dataclasses.replace(cfg, recompute_advantages=not recompute), hp, batch)
     assert not all(torch.equal(a, b) for a, b in zip(ours, other))
 
 
@@ -533,12 +536,6 @@ def test_shuffled_steps_train_as_minibatches_of_this_policys_single_steps():
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     mask = (torch.rand(4, 8) > 0.25).float()
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8), "values": torch.randn(4, 8), "mask": mask}
-
-    def trained(cfg) -> list[torch.Tensor]:
-        learner = copy.deepcopy(model)
-        list(ppo_updates(learner, make_optimizer(learner, 1e-2, cfg), cfg, hp, dict(batch),
-                         torch.Generator().manual_seed(0)))
-        return [p.detach() for p in learner.parameters()]
 
     reference = copy.deepcopy(model)
     optimizer, shuffle = make_optimizer(reference, 1e-2, cfg), torch.Generator().manual_seed(0)
@@ -555,9 +552,9 @@ def test_shuffled_steps_train_as_minibatches_of_this_policys_single_steps():
             mb = {name: tensor[rows] for name, tensor in steps.items() if name != "obs"}
             train_step(reference, optimizer, cfg, hp, mb | {"obs": as_obs(steps["obs"]["obs"][rows])},
                        advantages[own][rows].unsqueeze(1), targets[own][rows].unsqueeze(1))
-    ours = trained(cfg)
+    ours = iterated(model, cfg, hp, batch)
     assert all(torch.equal(a, b) for a, b in zip(ours, reference.parameters()))
-    whole = trained(dataclasses.replace(cfg, shuffle_steps=False))
+    whole = iterated(model, dataclasses.replace(cfg, shuffle_steps=False), hp, batch)
     assert not all(torch.equal(a, b) for a, b in zip(ours, whole))
 
 
