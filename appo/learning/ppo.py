@@ -45,14 +45,14 @@ def select(x: Tensor | dict[str, Tensor], index: Tensor) -> Tensor | dict[str, T
 
 def replace_nonfinite_(batch: dict[str, Any]) -> int:
     """Set non-finite observations (float keys) and rewards of a batch to 0 in place; returns how many. One host
-    sync in all (the count), none per tensor: on a GPU the copies of the batch need not be waited for key by key."""
-    counts = []
-    for tensor in [*batch["obs"].values(), batch["rewards"]]:
-        if tensor.is_floating_point():
-            bad = ~torch.isfinite(tensor)
-            counts.append(bad.sum())
+    sync in all (the count), none per tensor, and no write unless something was not finite."""
+    checked = [(tensor, ~torch.isfinite(tensor)) for tensor in [*batch["obs"].values(), batch["rewards"]]
+               if tensor.is_floating_point()]
+    count = int(torch.stack([bad.sum() for _, bad in checked]).sum()) if checked else 0
+    if count:
+        for tensor, bad in checked:
             tensor.masked_fill_(bad, 0.0)
-    return int(torch.stack(counts).sum()) if counts else 0
+    return count
 
 
 def forward_trajectories(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
