@@ -14,7 +14,16 @@ from functools import cache
 import pytest
 
 from appo.config import Config, ConfigError
-from appo.config.cfg import build_parser, load_saved_cfg, make_config, merge_resumed, parse_args, save_cfg, saved_config
+from appo.config.cfg import (
+    build_parser,
+    flag_values,
+    load_saved_cfg,
+    make_config,
+    merge_resumed,
+    parse_args,
+    save_cfg,
+    saved_config,
+)
 from appo.config.checks import TRACKERS, validate
 from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, spec, value_type
 from appo.config.hyperparams import MUTABLE, Hyperparams
@@ -196,8 +205,29 @@ def test_make_config_resolves_what_depends_on_the_env():
     with pytest.raises(ConfigError, match="--recompute_advantages=True computes GAE again every pass"):
         make_config(env="CartPole-v1", recompute_advantages=True, with_vtrace=True)
     for flag in ("use_rnn", "with_vtrace"):
-        with pytest.raises(ConfigError, match=f"--shuffle_steps=True draws minibatches of single steps; --{flag}=True"):
-            make_config(env="CartPole-v1", shuffle_steps=True, **{flag: True})
+        with pytest.raises(ConfigError, match=f"--minibatch_unit=step draws minibatches of single steps; --{flag}="):
+            make_config(env="CartPole-v1", minibatch_unit="step", **{flag: True})
+
+
+def test_minibatch_unit_auto_is_steps_where_a_model_and_loss_allow_them():
+    """auto: single steps for a feed-forward model with GAE; whole trajectories for a recurrent model or V-trace,
+    which need a step's neighbours in its minibatch. A given unit is kept."""
+    assert make_config(env="CartPole-v1", minibatch_unit="auto").minibatch_unit == "step"
+    for flag in ("use_rnn", "with_vtrace"):
+        assert make_config(env="CartPole-v1", minibatch_unit="auto", **{flag: True}).minibatch_unit == "trajectory"
+    assert make_config(env="CartPole-v1", minibatch_unit="trajectory").minibatch_unit == "trajectory"
+
+
+def test_cfg_json_saved_before_minibatch_unit_resumes_on_the_minibatches_it_trained_on(tmp_path):
+    """A cfg.json written before --minibatch_unit existed trained on whole trajectories, or on single steps where it
+    had --shuffle_steps=True: resumed, it keeps them, whatever today's default."""
+    cfg, _ = parse_args(["--env=CartPole-v1", "--restart=True"])
+    for shuffled, unit in ((False, "trajectory"), (True, "step")):
+        saved = {name: value for name, value in flag_values(cfg).items() if name != "minibatch_unit"}
+        path = tmp_path / f"cfg_{shuffled}.json"
+        path.write_text(json.dumps(saved | {"shuffle_steps": shuffled}))
+        assert load_saved_cfg(str(path))["minibatch_unit"] == unit
+        assert merge_resumed(cfg, set(), load_saved_cfg(str(path)))[0].minibatch_unit == unit
 
 
 def test_cfg_json_keeps_its_format_and_resumes(tmp_path):

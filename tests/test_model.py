@@ -499,7 +499,7 @@ def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advanta
     same weights as `ppo_updates`; the two settings train different ones."""
     torch.manual_seed(9)
     cfg = make_cfg(actor_critic_share_weights=False, recompute_advantages=recompute, num_batches_per_iteration=2,
-                   ppo_epochs=3, normalize_input=False)
+                   ppo_epochs=3, normalize_input=False, minibatch_unit="trajectory")
     hp = Hyperparams.from_cfg(cfg)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8), "values": torch.randn(4, 8)}
@@ -526,11 +526,11 @@ def test_each_pass_takes_gae_from_the_current_values_only_with_recompute_advanta
 
 
 def test_shuffled_steps_train_as_minibatches_of_this_policys_single_steps():
-    """--shuffle_steps: after GAE over the trajectories, each pass draws its minibatches from the steps this policy
-    took (another acting id's steps, `mask` 0, left out), one by one; a reference that flattens them by hand and
-    steps through the same draws trains the same weights, and whole-trajectory minibatches train other ones."""
+    """--minibatch_unit=step: after GAE over the trajectories, each pass draws its minibatches from the steps this
+    policy took (another acting id's steps, `mask` 0, left out), one by one; a reference that flattens them by hand
+    and steps through the same draws trains the same weights, and whole-trajectory minibatches train other ones."""
     torch.manual_seed(10)
-    cfg = make_cfg(actor_critic_share_weights=False, shuffle_steps=True, num_batches_per_iteration=3, ppo_epochs=2,
+    cfg = make_cfg(actor_critic_share_weights=False, minibatch_unit="step", num_batches_per_iteration=3, ppo_epochs=2,
                    normalize_input=False)
     hp = Hyperparams.from_cfg(cfg)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
@@ -554,7 +554,7 @@ def test_shuffled_steps_train_as_minibatches_of_this_policys_single_steps():
                        advantages[own][rows].unsqueeze(1), targets[own][rows].unsqueeze(1))
     ours = iterated(model, cfg, hp, batch)
     assert all(torch.equal(a, b) for a, b in zip(ours, reference.parameters()))
-    whole = iterated(model, dataclasses.replace(cfg, shuffle_steps=False), hp, batch)
+    whole = iterated(model, dataclasses.replace(cfg, minibatch_unit="trajectory"), hp, batch)
     assert not all(torch.equal(a, b) for a, b in zip(ours, whole))
 
 

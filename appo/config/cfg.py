@@ -217,7 +217,10 @@ def resolve(flags: Config | argparse.Namespace, num_agents: int = 1, turn_based:
     recurrence = cfg.recurrence
     if recurrence == -1:
         recurrence = cfg.rollout if cfg.use_rnn else 1
-    return dataclasses.replace(cfg, agent_policy_mapping=mapping, recurrence=recurrence)
+    unit = cfg.minibatch_unit
+    if unit == "auto":
+        unit = "trajectory" if cfg.use_rnn or cfg.with_vtrace else "step"
+    return dataclasses.replace(cfg, agent_policy_mapping=mapping, recurrence=recurrence, minibatch_unit=unit)
 
 
 # ---------------------------------------------------------------- the experiment's cfg.json
@@ -233,6 +236,8 @@ def load_saved_cfg(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: corrupt or unreadable cfg.json ({exc}); fix it or pass --restart=True") from exc
     if not isinstance(saved, dict) or "env" not in saved:
         raise ConfigError(f"{path}: corrupt cfg.json (not a flag dictionary); fix it or pass --restart=True")
+    if "minibatch_unit" not in saved:  # saved before the flag: whole trajectories, or steps with --shuffle_steps
+        saved["minibatch_unit"] = "step" if saved.get("shuffle_steps") else "trajectory"
     return saved
 
 

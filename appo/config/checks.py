@@ -186,11 +186,11 @@ def check_recompute_advantages(cfg: Any) -> None:
                           "targets from the current values at every minibatch already: use one of them")
 
 
-def check_shuffle_steps(cfg: Any) -> None:
-    if cfg.shuffle_steps and (cfg.use_rnn or cfg.with_vtrace):
+def check_minibatch_unit(cfg: Any) -> None:
+    if cfg.minibatch_unit == "step" and (cfg.use_rnn or cfg.with_vtrace):
         flag = "--use_rnn=True" if cfg.use_rnn else "--with_vtrace=True"
-        raise ConfigError(f"--shuffle_steps=True draws minibatches of single steps; {flag} needs whole trajectories "
-                          "in a minibatch: use --shuffle_steps=False with it")
+        raise ConfigError(f"--minibatch_unit=step draws minibatches of single steps; {flag} needs whole trajectories "
+                          "in a minibatch: use --minibatch_unit=trajectory (or auto) with it")
 
 
 def check_recurrence(cfg: Any) -> None:
@@ -295,7 +295,7 @@ def check_experiment_name(cfg: Any) -> None:
 
 CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inference_workers, check_splits, check_batch,
           check_lr_schedule, check_learner_ranks, check_proximal_policy, check_recompute_advantages,
-          check_shuffle_steps, check_recurrence, check_population, check_perturb_factors, check_self_play,
+          check_minibatch_unit, check_recurrence, check_population, check_perturb_factors, check_self_play,
           check_policy_mapping,
           check_device, env_kwargs,  # the JSON of --env_kwargs parses to a dict
           check_encoder, check_action_mask, check_mirror_symmetry, check_experiment_name, check_trackers_installed,

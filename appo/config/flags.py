@@ -327,11 +327,12 @@ class LearningFlags:
                                       "inference stored (the behaviour policy's, up to --max_policy_lag versions "
                                       "old). One more forward pass over the iteration's samples a pass. GAE only "
                                       "(--with_vtrace=False, whose targets already use the current values).")
-    shuffle_steps: bool = flag(False, LEARNING,
-                               "Draw a feed-forward model's minibatches from single steps once GAE is done, as "
-                               "CleanRL and stable-baselines3 do, instead of from whole trajectories of --rollout "
-                               "steps (whose steps follow one another and are alike). Not with --use_rnn=True or "
-                               "--with_vtrace=True, which need whole trajectories in a minibatch.")
+    minibatch_unit: str = flag("trajectory", LEARNING,
+                               "What the passes' minibatches are drawn from once GAE is done: step (single steps "
+                               "of any trajectory, as CleanRL and stable-baselines3 draw theirs) or trajectory "
+                               "(whole trajectories of --rollout steps, whose steps follow one another and are "
+                               "alike; a recurrent model and V-trace need them). auto: step for a feed-forward model "
+                               "without V-trace, trajectory otherwise.", choices=("auto", "step", "trajectory"))
     value_bootstrap: bool = flag(True, LEARNING,
                                  "On time-limit truncation add gamma * V(s) to the last reward instead of treating it "
                                  "as death.")

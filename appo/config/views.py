@@ -132,7 +132,7 @@ class LearnerConfig(ModelFlags):
     vtrace_c: float
     normalize_advantage: bool
     recompute_advantages: bool
-    shuffle_steps: bool
+    minibatch_unit: str
     value_bootstrap: bool
     reward_scale: float
     reward_clip: float

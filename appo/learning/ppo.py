@@ -237,7 +237,7 @@ def single_steps(batch: dict[str, Any], advantages: Tensor, targets: Tensor, row
     """The steps `rows` [n, T] of a batch as trajectories of one step each, with their advantages and targets: the
     steps that train, which are then every step of the batch (no `mask` or `policy_mask`). A feed-forward model needs
     no step's neighbours once GAE is done: a turn-based game's waiting steps, half its steps, then cost the learner
-    nothing, and --shuffle_steps draws minibatches of single steps. Each one-step trajectory's second observation
+    nothing, and --minibatch_unit=step draws minibatches of single steps. Each one-step trajectory's second observation
     repeats its first (a view): the layout wants T+1, and nothing reads it after `bootstrap_values`."""
 
     def one_step(x: Tensor) -> Tensor:
@@ -257,14 +257,14 @@ def single_steps(batch: dict[str, Any], advantages: Tensor, targets: Tensor, row
 def advantages_and_targets(cfg: Any, hp: Hyperparams, batch: dict[str, Any], values: Tensor, acting: Tensor | None,
                            truncated: Tensor | None) -> tuple[dict[str, Any], Tensor, Tensor]:
     """GAE's advantages and value targets from `values` [n, T] and the batch's `bootstrap` [n], and the batch the
-    passes train on: whole trajectories, or with --shuffle_steps (a feed-forward model) the steps this policy took,
-    one by one (`single_steps`). With action masks (`acting`, `truncated`) GAE runs over each seat's own moves
+    passes train on: whole trajectories, or with --minibatch_unit=step (a feed-forward model) the steps this policy
+    took, one by one (`single_steps`). With action masks (`acting`, `truncated`) GAE runs over each seat's own moves
     (`losses.turn_gae`), only the moves with a known return train, the value head included, and a feed-forward model
     trains on those moves alone."""
     if acting is None:
         advantages, targets = losses.gae(batch["rewards"], batch["dones"], values, batch["bootstrap"], hp.gamma,
                                          hp.gae_lambda)
-        if cfg.shuffle_steps:  # feed-forward only (appo/config/checks.py)
+        if cfg.minibatch_unit == "step":  # feed-forward only (appo/config/checks.py)
             own = batch["mask"] > 0 if "mask" in batch else torch.ones_like(batch["dones"], dtype=torch.bool)
             return single_steps(batch, advantages, targets, own)
         return batch, advantages, targets
@@ -291,7 +291,7 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
     bootstrap observations, compute GAE (`advantages_and_targets`; V-trace is computed per minibatch, in
     `train_step`), then up to --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole
-    trajectories (of single steps with --shuffle_steps, and of single moves in a turn-based game). Yields each
+    trajectories (of single steps with --minibatch_unit=step, and of single moves in a turn-based game). Yields each
     minibatch's `UPDATE_FIELDS` (`train_step`) right after its step. `shuffle` draws the
     minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
     iteration early when it returns False (the first pass always runs). With `ranks`, rank 0 decides the passes and
