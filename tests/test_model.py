@@ -483,6 +483,23 @@ def test_the_iteration_kl_leaves_out_the_policy_lag_and_is_taken_only_when_neede
         assert all(math.isnan(row["iteration_kl"]) for row in rows)
 
 
+def test_kl_adaptive_takes_no_start_log_probs_where_an_iteration_is_one_update():
+    """One pass of one minibatch (images' defaults) measures its KL before its only step: 0, which leaves the rate
+    where it is. kl_adaptive then skips the forward pass that KL would cost (NaN: not measured) and trains the weights
+    a constant rate does."""
+    torch.manual_seed(8)
+    cfg = make_cfg(actor_critic_share_weights=False, lr_schedule="kl_adaptive", num_batches_per_iteration=1,
+                   ppo_epochs=1, normalize_input=False)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
+    (update,) = list(ppo_updates(copy.deepcopy(model), make_optimizer(model, 1e-2, cfg), cfg,
+                                 Hyperparams.from_cfg(cfg), dict(batch)))
+    assert math.isnan(dict(zip(UPDATE_FIELDS, update.tolist()))["iteration_kl"])
+    hp = Hyperparams.from_cfg(cfg)
+    constant = iterated(model, dataclasses.replace(cfg, lr_schedule="constant"), hp, batch)
+    assert all(torch.equal(a, b) for a, b in zip(iterated(model, cfg, hp, batch), constant))
+
+
 def iterated(model: ActorCritic, cfg, hp: Hyperparams, batch: dict) -> list[torch.Tensor]:
     """The weights of a copy of `model` after one `ppo_updates` iteration over `batch` (minibatches drawn by seed 0,
     the Adam of learning rate 1e-2)."""

@@ -348,8 +348,9 @@ class LearningFlags:
                             f"kl_adaptive: after each iteration, down {KL_ADAPTIVE_STEP}x when its minibatches' mean "
                             "KL from the weights it started with was over twice --lr_schedule_kl_threshold, back up as "
                             f"much when under half of it, from {KL_ADAPTIVE_RANGE[0]:g}x --learning_rate to "
-                            "--learning_rate itself (one more forward pass over the iteration's samples; the policy "
-                            "lag of an asynchronous run, which the machine's speed sets, is not counted).",
+                            "--learning_rate itself (one more forward pass over the iteration's samples, none where an "
+                            "iteration is one update, whose KL is measured before it; the policy lag of an "
+                            "asynchronous run, which the machine's speed sets, is not counted).",
                             choices=("constant", "linear", "kl_adaptive"))
     lr_schedule_kl_threshold: float = flag(0.01, LEARNING,
                                            "The KL per iteration --lr_schedule=kl_adaptive steers the learning rate "

@@ -87,8 +87,11 @@ def bootstrap_values(model: ActorCritic, batch: dict[str, Any]) -> Tensor:
 
 def needs_start_log_probs(cfg: Any) -> bool:
     """Whether an iteration takes its samples' log-probabilities under its starting weights (`start_log_probs`): the
-    policy --proximal_policy=iteration measures the clip range from, and --lr_schedule=kl_adaptive its KL."""
-    return cfg.proximal_policy == "iteration" or cfg.lr_schedule == "kl_adaptive"
+    policy --proximal_policy=iteration measures the clip range from, and --lr_schedule=kl_adaptive its KL. The KL is
+    measured in each minibatch's forward pass, before its step, so an iteration of one update (one pass of one
+    minibatch, as images train) would measure 0 and leave the rate where it is: kl_adaptive skips that pass there."""
+    one_update = cfg.ppo_epochs == 1 and cfg.num_batches_per_iteration == 1
+    return cfg.proximal_policy == "iteration" or (cfg.lr_schedule == "kl_adaptive" and not one_update)
 
 
 @torch.no_grad()
