@@ -55,6 +55,20 @@ def test_by_default_every_pass_is_trained_however_fast_the_sampler(rig, next_ite
     assert passes_and_updates(train_once(rig, next_iteration_in=next_iteration_in)) == (4.0, 4)
 
 
+@pytest.mark.parametrize("rig", [("--minibatch_unit=step", "--num_batches_per_iteration=8", "--batch_size=8")],
+                         indirect=True)
+def test_passes_over_single_steps_count_as_passes_when_fewer_trajectories_than_minibatches_arrive(rig):
+    """An iteration left with 4 of its 8 trajectories (the others too old, say) still draws 8 minibatches of single
+    steps a pass: 4 passes of 8 updates, whatever the trajectories' count."""
+    learner = rig.learner(0)
+    slots = list(range(4))
+    rig.traj.policy_ids[slots] = 0
+    rig.traj.policy_versions[slots] = 0
+    rig.control.slot_owed[0][slots] = 1
+    learner.train_iteration(slots)
+    assert passes_and_updates(learner) == (4.0, 32)
+
+
 def test_the_linear_schedule_decays_the_learning_rate_to_zero_at_the_budget():
     assert scheduled_learning_rate(1e-3, "constant", 900, 1000) == 1e-3
     assert [scheduled_learning_rate(1e-3, "linear", steps, 1000) for steps in (0, 250, 1000, 1200)] == pytest.approx(
