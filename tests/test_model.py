@@ -458,7 +458,7 @@ def test_an_iterations_first_minibatch_clips_stale_samples_only_when_measured_fr
                    ppo_epochs=1, normalize_input=False)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
-    (update,) = list(ppo_updates(model, make_optimizer(model, 1e-3, cfg), cfg, Hyperparams.from_cfg(cfg), batch))
+    ((_, update),) = list(ppo_updates(model, make_optimizer(model, 1e-3, cfg), cfg, Hyperparams.from_cfg(cfg), batch))
     stats = dict(zip(UPDATE_FIELDS, update.tolist()))
     assert (stats["clip_fraction"] > 0.3) == (proximal_policy == "behaviour")
 
@@ -474,7 +474,7 @@ def test_the_iteration_kl_leaves_out_the_policy_lag_and_is_taken_only_when_neede
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
     updates = ppo_updates(model, make_optimizer(model, 1e-2, cfg), cfg, Hyperparams.from_cfg(cfg), batch)
-    rows = [dict(zip(UPDATE_FIELDS, update.tolist())) for update in updates]
+    rows = [dict(zip(UPDATE_FIELDS, update.tolist())) for _, update in updates]
     assert all(row["kl"] > 0.05 for row in rows)
     if measured:
         assert rows[0]["iteration_kl"] == pytest.approx(0.0, abs=1e-7)
@@ -492,8 +492,8 @@ def test_kl_adaptive_takes_no_start_log_probs_where_an_iteration_is_one_update()
                    ppo_epochs=1, normalize_input=False)
     model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
     batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8)}
-    (update,) = list(ppo_updates(copy.deepcopy(model), make_optimizer(model, 1e-2, cfg), cfg,
-                                 Hyperparams.from_cfg(cfg), dict(batch)))
+    ((_, update),) = list(ppo_updates(copy.deepcopy(model), make_optimizer(model, 1e-2, cfg), cfg,
+                                      Hyperparams.from_cfg(cfg), dict(batch)))
     assert math.isnan(dict(zip(UPDATE_FIELDS, update.tolist()))["iteration_kl"])
     hp = Hyperparams.from_cfg(cfg)
     constant = iterated(model, dataclasses.replace(cfg, lr_schedule="constant"), hp, batch)

@@ -39,7 +39,7 @@ from appo.learning.batching import Batch, BatchBuilder, OwedSlots
 from appo.learning.checkpoint import checkpoint_dir, latest_intact_checkpoint, load_checkpoint, save_checkpoint
 from appo.learning.device import resolve_device
 from appo.learning.policy import Policy
-from appo.learning.ppo import ITERATION_FIELDS, ppo_updates
+from appo.learning.ppo import UPDATE_FIELDS, ppo_updates
 from appo.learning.ranks import group_leader, rank_device
 from appo.learning.weights import WeightsPublisher, share_snapshots
 from appo.memory.segments import check_room
@@ -65,7 +65,7 @@ MAX_CONSECUTIVE_SKIPPED = 100
 INBOX_TIMEOUT_S = 0.05  # the longest a step waits for a message
 RESCAN_INTERVAL_S = 1.0
 REPORT_INTERVAL_S = 1.0
-KL_FIELD = ITERATION_FIELDS.index("iteration_kl")  # where an update's row holds its KL from the iteration's start
+KL_FIELD = UPDATE_FIELDS.index("iteration_kl")  # where an update's row holds its KL from the iteration's start
 
 
 class LearnerCounters:
@@ -89,7 +89,7 @@ class LearnerCounters:
         self.nonfinite += batch.nonfinite
 
     def add_update(self, update: dict[str, float]) -> bool:
-        """Count an applied update (with its statistics, `ITERATION_FIELDS`) or a skipped one; returns whether it was
+        """Count an applied update (with its statistics, `UPDATE_FIELDS`) or a skipped one; returns whether it was
         applied."""
         if not update["applied"]:
             self.skipped_updates += 1
@@ -101,21 +101,21 @@ class LearnerCounters:
             return False
         self.consecutive_skipped = 0
         for key, value in update.items():
-            if key not in ("applied", "pass") and not math.isnan(value):  # NaN: not measured (`iteration_kl`)
+            if key != "applied" and not math.isnan(value):  # NaN: not measured in this run (`iteration_kl`)
                 self.stats[key].append(value)
         return True
 
-    def add_iteration(self, updates: Iterator[torch.Tensor], trajectories: int) -> int:
+    def add_iteration(self, updates: Iterator[tuple[int, torch.Tensor]], trajectories: int) -> int:
         """Count an iteration's updates (`add_update`) once it has run, its samples and its passes over them (fewer
         than --ppo_epochs with --adaptive_epochs); returns how many updates were applied. The updates' statistics
         are read from the device here, once an iteration."""
-        rows = list(updates)
+        passes, rows = zip(*updates) if (updates := list(updates)) else ((), ())
         table = torch.stack(rows).tolist() if rows else []
-        results = [self.add_update(dict(zip(ITERATION_FIELDS, row))) for row in table]
+        results = [self.add_update(dict(zip(UPDATE_FIELDS, row))) for row in table]
         kls = [row[KL_FIELD] for row, applied in zip(table, results) if applied and not math.isnan(row[KL_FIELD])]
         self.last_kl = float(np.mean(kls)) if kls else None
         self.samples += trajectories * self.cfg.rollout
-        self.stats["epochs"].append(table[-1][-1] + 1 if table else 0.0)  # the last update's pass, counted from 1
+        self.stats["epochs"].append(passes[-1] + 1 if passes else 0.0)  # the last update's pass, counted from 1
         return sum(results)
 
     def marks(self) -> dict[str, int]:

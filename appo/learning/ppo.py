@@ -34,8 +34,6 @@ STATS = ("loss", "policy_loss", "value_loss", "exploration_loss", "entropy", "kl
 # What `train_step` returns for a minibatch, in this order: the statistics, the gradient's norm before clipping, and
 # whether the update was applied (1) or skipped because a loss or the gradient was not finite (0).
 UPDATE_FIELDS = (*STATS, "grad_norm", "applied")
-# What `ppo_updates` yields for each minibatch: its `UPDATE_FIELDS`, then the pass it belongs to (0 for the first).
-ITERATION_FIELDS = (*UPDATE_FIELDS, "pass")
 
 
 def select(x: Tensor | dict[str, Tensor], index: Tensor) -> Tensor | dict[str, Tensor]:
@@ -292,12 +290,12 @@ def current_values(model: ActorCritic, recurrence: int, batch: dict[str, Any]) -
 def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, hp: Hyperparams,
                 batch: dict[str, Any], shuffle: torch.Generator | None = None,
                 another_epoch: Callable[[], bool] | None = None,
-                ranks: RankGroup | None = None) -> Iterator[Tensor]:
+                ranks: RankGroup | None = None) -> Iterator[tuple[int, Tensor]]:
     """One training iteration over `batch`: fold its observations into the normalisation statistics, value the
     bootstrap observations, compute GAE (`advantages_and_targets`; V-trace is computed per minibatch, in
     `train_step`), then up to --ppo_epochs passes over min(--num_batches_per_iteration, n) random minibatches of whole
     trajectories (of single steps with --minibatch_unit=step, and of single moves in a turn-based game). Yields each
-    minibatch's `ITERATION_FIELDS` (`train_step`'s and the pass) right after its step. `shuffle` draws the
+    minibatch's pass (0 for the first) and `UPDATE_FIELDS` (`train_step`) right after its step. `shuffle` draws the
     minibatches (torch's global generator when None); `another_epoch`, asked after every pass but the last, ends the
     iteration early when it returns False (the first pass always runs). With `ranks`, rank 0 decides the passes and
     draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""
@@ -327,6 +325,5 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
             trained, advantages, targets = advantages_and_targets(cfg, hp, batch, values, acting, truncated)
         for mb_index in order.chunk(num_minibatches):
             mb = {name: select(tensor, mb_index) for name, tensor in trained.items()}
-            update = train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
-                                None if targets is None else targets[mb_index], ranks)
-            yield torch.cat((update, update.new_full((1,), epoch)))
+            yield epoch, train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
+                                    None if targets is None else targets[mb_index], ranks)
