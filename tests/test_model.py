@@ -575,6 +575,21 @@ def test_shuffled_steps_train_as_minibatches_of_this_policys_single_steps():
     assert not all(torch.equal(a, b) for a, b in zip(ours, whole))
 
 
+def test_one_minibatch_of_one_pass_trains_alike_from_steps_or_whole_trajectories():
+    """Images' defaults make an iteration one pass of one minibatch: every step of the batch, whether drawn as single
+    steps (--minibatch_unit=auto's choice for a feed-forward model) or as whole trajectories, so both train the same
+    weights, up to the order of a sum."""
+    torch.manual_seed(11)
+    cfg = make_cfg(actor_critic_share_weights=False, minibatch_unit="step", num_batches_per_iteration=1, ppo_epochs=1,
+                   normalize_input=False)
+    hp = Hyperparams.from_cfg(cfg)
+    model = ActorCritic(OBS, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), cfg)
+    batch = stale_minibatch(model) | {"rewards": torch.randn(4, 8), "values": torch.randn(4, 8)}
+    steps = iterated(model, cfg, hp, batch)
+    whole = iterated(model, dataclasses.replace(cfg, minibatch_unit="trajectory"), hp, batch)
+    assert not all(torch.equal(a, b) for a, b in zip(steps, model.parameters()))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(steps, whole))
+
 def _snapshot(model: ActorCritic, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor an update may change: weights, normalisation statistics, Adam's moments and step counts."""
     state = [tensor.clone() for tensor in model.state_dict().values()]

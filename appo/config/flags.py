@@ -327,7 +327,7 @@ class LearningFlags:
                                       "inference stored (the behaviour policy's, up to --max_policy_lag versions "
                                       "old). One more forward pass over the iteration's samples a pass. GAE only "
                                       "(--with_vtrace=False, whose targets already use the current values).")
-    minibatch_unit: str = flag("trajectory", LEARNING,
+    minibatch_unit: str = flag("auto", LEARNING,
                                "What the passes' minibatches are drawn from once GAE is done: step (single steps "
                                "of any trajectory, as CleanRL and stable-baselines3 draw theirs) or trajectory "
                                "(whole trajectories of --rollout steps, whose steps follow one another and are "
@@ -342,7 +342,7 @@ class LearningFlags:
                                "dominate.")
     reward_clip: float = flag(1000.0, LEARNING, "Scaled rewards are clipped to [-x, x].")
     learning_rate: float = flag(1e-3, LEARNING, "Learning rate of the Adam optimizer.", valid="(0, inf)")
-    lr_schedule: str = flag("constant", LEARNING,
+    lr_schedule: str = flag("kl_adaptive", LEARNING,
                             "How the learning rate moves over the run: constant; linear: down from --learning_rate "
                             "to 0 at --train_for_env_steps (the policy's own env steps; needs that budget); "
                             f"kl_adaptive: after each iteration, down {KL_ADAPTIVE_STEP}x when its minibatches' mean "
