@@ -590,6 +590,7 @@ def test_one_minibatch_of_one_pass_trains_alike_from_steps_or_whole_trajectories
     assert not all(torch.equal(a, b) for a, b in zip(steps, model.parameters()))
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(steps, whole))
 
+
 def _snapshot(model: ActorCritic, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor an update may change: weights, normalisation statistics, Adam's moments and step counts."""
     state = [tensor.clone() for tensor in model.state_dict().values()]
