@@ -109,13 +109,13 @@ class LearnerCounters:
         """Count an iteration's updates (`add_update`) once it has run, its samples and its passes over them (fewer
         than --ppo_epochs with --adaptive_epochs); returns how many updates were applied. The updates' statistics
         are read from the device here, once an iteration."""
-        passes, rows = zip(*updates) if (updates := list(updates)) else ((), ())
-        table = torch.stack(rows).tolist() if rows else []
+        updates = list(updates)
+        table = torch.stack([row for _, row in updates]).tolist() if updates else []
         results = [self.add_update(dict(zip(UPDATE_FIELDS, row))) for row in table]
         kls = [row[KL_FIELD] for row, applied in zip(table, results) if applied and not math.isnan(row[KL_FIELD])]
         self.last_kl = float(np.mean(kls)) if kls else None
         self.samples += trajectories * self.cfg.rollout
-        self.stats["epochs"].append(passes[-1] + 1 if passes else 0.0)  # the last update's pass, counted from 1
+        self.stats["epochs"].append(updates[-1][0] + 1 if updates else 0.0)  # the last update's pass, counted from 1
         return sum(results)
 
     def marks(self) -> dict[str, int]:
