@@ -2,7 +2,7 @@
 
     python scripts/gpu_check.py --out DIR        # without CUDA: one line, exit 0
 
-With CUDA it runs, each under its own time limit and all within --budget_s (440 s; under 7.5 minutes in all):
+With CUDA it runs, each under its own time limit and all within --budget_s (500 s; under 8.5 minutes in all):
 - cartpole: `python -m appo.train --env=CartPole-v1 --device=cuda` at the defaults to mean reward 475, timed from
   launch to the moment its result.json records (appo.tools.trainer_process.run_trainer), and the same on the CPU;
 - breakout_ale (atari_breakout) and breakout_envpool (envpool:Breakout-v5, if envpool imports) on the GPU with
@@ -11,6 +11,9 @@ With CUDA it runs, each under its own time limit and all within --budget_s (440 
   run may go on to twice that, so that a slower run still says how many it took);
 - learner_ranks: with two GPUs or more, breakout_ale again with --learner_processes_per_policy at 2 and at every GPU
   (one learner rank per GPU, NCCL), for the learner's samples/s beside one rank's;
+- scaling: breakout_ale at 2, 4, 8 and 16 actor workers (those up to the CPUs), SCALING_S each: the trainer's env
+  frames/s beside the machine's raw limit for the env (benchmark mode measures it first, every core stepping the env
+  with no learning) and the fraction, a table of its own at the end of the report;
 - cnn_sgd: the learner's SGD step (appo.learning.ppo.train_step, through scripts/bench_cnn.py) of the Nature CNN on
   the GPU, Breakout- and Doom-sized, float32 and bfloat16 autocast, at 256 and 2048 samples;
 - precision: what the trainer chose on the GPU (its `auto:` lines about bfloat16, the learner's device, whether
@@ -80,6 +83,8 @@ if os.environ.get(GYMNASIUM_SHIM) == "1":
 CARTPOLE_S = 60.0
 CARTPOLE_CPU_S = 40.0
 BREAKOUT_S = 60.0
+SCALING_WORKERS = (2, 4, 8, 16)
+SCALING_S = 30.0
 DOOM_S = 120.0
 DOOM_TARGET = 0.0
 DOOM_ENV_STEPS = 250_000  # tests/test_doom.py's bar for mean reward DOOM_TARGET
@@ -292,6 +297,9 @@ def trainer_run(ctx: Context, name: str, env: str, flags: list[str], wanted_s: f
                      f"{bench['num_envs_per_worker']} envs, device {bench['device']}, policy lag "
                      f"{bench['policy_lag']['avg']:.1f}, {bench['inference_batch_size']:.0f} obs per forward pass; "
                      f"bottleneck: {bench['bottleneck']}")
+    if "raw_limit" in bench:
+        parts.append(f"{bench['fraction_of_raw_limit']:.0%} of the raw limit, "
+                     f"{bench['raw_limit']['env_frames_per_s']:,.0f} env frames/s")
     if dog.fired:
         parts.append(f"stopped by the watchdog after {seconds + TRAINER_GRACE_S:.0f} s")
     if run.returncode != 0:
@@ -601,6 +609,7 @@ def write_report(out: Path, info: dict[str, Any], rows: list[Row], started: floa
              + f"; appo from {info['appo']}; whole script {time.monotonic() - started:.0f} s.", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    lines += scaling_table(rows)
     text = "\n".join(lines) + "\n"
     (out / "gpu_check.md").write_text(text)
     (out / "gpu_check.json").write_text(json.dumps({"machine": info, "rows": [asdict(row) for row in rows]},
@@ -609,8 +618,8 @@ def write_report(out: Path, info: dict[str, Any], rows: list[Row], started: floa
 
 
 # ------------------------------------------------------------------------------------------------ main
-CHECKS = ("cartpole", "breakout_ale", "doom_basic", "cnn_sgd", "learner_ranks", "cartpole_cpu", "breakout_envpool",
-          "sf_cartpole", "sf_breakout")
+CHECKS = ("cartpole", "breakout_ale", "doom_basic", "cnn_sgd", "learner_ranks", "scaling", "cartpole_cpu",
+          "breakout_envpool", "sf_cartpole", "sf_breakout")
 
 
 def run_checks(ctx: Context) -> Iterator[Row]:
@@ -633,6 +642,8 @@ def run_checks(ctx: Context) -> Iterator[Row]:
             yield from guarded(ctx, name, "Nature CNN", lambda: cnn_sgd(ctx, device))
         elif name == "learner_ranks":
             yield from learner_ranks(ctx, workers)
+        elif name == "scaling":
+            yield from scaling(ctx)
         elif name == "breakout_envpool" and (error := envpool_import_error()) is not None:
             yield Row(name, "envpool:Breakout-v5", result=f"skipped: envpool does not import ({error})")
         elif name in trainers:
@@ -659,6 +670,37 @@ def learner_ranks(ctx: Context, workers: str) -> Iterator[Row]:
         flags = [f"--device={device}", workers, f"--learner_processes_per_policy={ranks}"]
         yield from guarded(ctx, name, "atari_breakout", lambda name=name, flags=flags: [
             trainer_run(ctx, name, "atari_breakout", flags, BREAKOUT_S)])
+
+
+def scaling(ctx: Context) -> Iterator[Row]:
+    """breakout_ale at each of SCALING_WORKERS actor workers up to the CPUs, SCALING_S each, every run beside the raw
+    limit its benchmark mode measures."""
+    cpus = os.cpu_count() or 1
+    for workers in [n for n in SCALING_WORKERS if n <= cpus] or [1]:
+        name = f"scaling_w{workers}"
+        flags = [f"--device={ctx.args.device}", f"--num_workers={workers}"]
+        yield from guarded(ctx, name, "atari_breakout", lambda name=name, flags=flags: [
+            trainer_run(ctx, name, "atari_breakout", flags, SCALING_S)])
+
+
+def scaling_table(rows: list[Row]) -> list[str]:
+    """The scaling check's rows as one table: frames/s against the raw limit, and where the time went."""
+    runs = [row for row in rows if row.check.startswith("scaling_w") and row.details.get("benchmark")]
+    if not runs:
+        return []
+    lines = ["", "Breakout by actor workers (the scaling check): env frames/s against the machine's raw limit.", "",
+             "| workers | samples/s | env frames/s | raw limit | fraction | learner busy | GPU busy |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in runs:
+        bench = row.details["benchmark"]
+        raw = bench.get("raw_limit", {}).get("env_frames_per_s")
+        learner = bench["time_shares"]["learner"]
+        gpu = row.details.get("gpu_util_mean")
+        lines.append(f"| {bench['num_workers']} | {bench['samples_per_s']:,.0f} | {bench['env_frames_per_s']:,.0f} | "
+                     + ("- | - |" if raw is None else f"{raw:,.0f} | {bench['fraction_of_raw_limit']:.0%} |")
+                     + f" {learner['sgd'] + learner['batching']:.0%} | " + ("-" if gpu is None else f"{gpu:.0f}%")
+                     + " |")
+    return lines
 
 
 def sample_factory_runs(ctx: Context, chosen: set[str]) -> Iterator[Row]:
@@ -695,7 +737,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="folder for gpu_check.md, gpu_check.json and runs.log (made if "
                         "missing; a temporary one if not given)")
-    parser.add_argument("--budget_s", type=float, default=440.0,
+    parser.add_argument("--budget_s", type=float, default=500.0,
                         help="wall time for all the sub-runs; each is cut to what is left, or skipped")
     parser.add_argument("--num_workers", type=int, default=max(2, min(12, (os.cpu_count() or 4) - 4)),
                         help="actor workers of the Atari and Doom runs (and SF's runs)")
