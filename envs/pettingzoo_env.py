@@ -29,7 +29,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from appo.envs.observations import model_observation, model_space
 from appo.envs.registry import EnvError
+from appo.spaces import SpaceError
 
 
 def is_parallel_env(env: Any) -> bool:
@@ -75,8 +77,9 @@ def differing_spaces(agents: list, observation_spaces: list[gym.Space], action_s
 
 
 def seats(env: Any) -> tuple[list, gym.Space, gym.Space]:
-    """A PettingZoo env's seats (its possible agents, in order) and the observation and action space they all share;
-    EnvError when it has no agents or their spaces differ."""
+    """A PettingZoo env's seats (its possible agents, in order) and the observation and action space they all share
+    (the observation space as the env gives it: `model_space` turns it into the models'); EnvError when it has no
+    agents, their spaces differ or the models take no form of the observation."""
     agents = list(env.possible_agents)
     if not agents:
         raise EnvError("the PettingZoo env has no possible_agents")
@@ -85,6 +88,10 @@ def seats(env: Any) -> tuple[list, gym.Space, gym.Space]:
     problem = differing_spaces(agents, observation_spaces, action_spaces)
     if problem:
         raise EnvError(problem)
+    try:
+        model_space(observation_spaces[0])
+    except SpaceError as exc:
+        raise EnvError(str(exc)) from exc
     return agents, observation_spaces[0], action_spaces[0]
 
 
@@ -100,7 +107,8 @@ class PettingZooEnv(gym.Env):
 
     def __init__(self, env: Any):
         self.env = env
-        self.possible_agents, self.observation_space, self.action_space = seats(env)
+        self.possible_agents, self.given_space, self.action_space = seats(env)
+        self.observation_space = model_space(self.given_space)
         self.num_agents = len(self.possible_agents)
         self.metadata = dict(getattr(env, "metadata", None) or {"render_modes": []})
         self.render_mode = getattr(env, "render_mode", None)
@@ -144,8 +152,8 @@ class PettingZooEnv(gym.Env):
 
     def _stack(self, observations: dict, present: set) -> Any:
         """Seat-ordered observations, zeros for seats without one; one array per key for Dict spaces."""
-        rows = [observations[agent] if agent in present and agent in observations else self._zero_obs
-                for agent in self.possible_agents]
+        rows = [model_observation(self.given_space, observations[agent])
+                if agent in present and agent in observations else self._zero_obs for agent in self.possible_agents]
         if isinstance(self.observation_space, gym.spaces.Dict):
             return {key: np.stack([np.asarray(row[key], dtype=sub.dtype) for row in rows])
                     for key, sub in self.observation_space.spaces.items()}

@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from appo.envs.action_masks import NoLegalAction, random_actions
+from appo.envs.observations import model_observation, model_space
 from appo.envs.pettingzoo_env import seats, zeros_of
 from appo.envs.registry import EnvError
 from appo.spaces import MASK_KEY, SINGLE_KEY, SpaceError, mask_size
@@ -41,12 +42,13 @@ class TurnBasedEnv(gym.Env):
 
     def __init__(self, env: Any, env_id: str):
         self.env, self.env_id = env, env_id
-        self.possible_agents, inner, self.action_space = seats(env)
+        self.possible_agents, self.given_space, self.action_space = seats(env)
         self.num_agents = len(self.possible_agents)
         try:
             size = mask_size(self.action_space)
         except SpaceError as exc:
             raise EnvError(f"a turn-based env's seats are told whose turn it is by an action mask: {exc}") from exc
+        inner = model_space(self.given_space)
         keys = dict(inner.spaces) if isinstance(inner, gym.spaces.Dict) else {SINGLE_KEY: inner}
         self.env_gives_mask = MASK_KEY in keys
         self.observation_space = gym.spaces.Dict({**keys, MASK_KEY: gym.spaces.Box(0, 1, (size,), np.int8)})
@@ -107,7 +109,7 @@ class TurnBasedEnv(gym.Env):
             if agent not in self.env.agents:
                 rows.append(self._zero_obs)
                 continue
-            seen = self.env.observe(agent)
+            seen = model_observation(self.given_space, self.env.observe(agent))
             row = dict(seen) if isinstance(seen, dict) else {SINGLE_KEY: seen}
             to_move = not over and agent == self.env.agent_selection
             mask = np.asarray(row.get(MASK_KEY, self._all_allowed), dtype=np.int8) if to_move else \

@@ -17,9 +17,11 @@ Resolution order:
 3. anything `gymnasium.make` accepts, including `package.module:EnvName-v0`, for which gymnasium imports
    `package.module` (which registers the env) first.
 
-`--env_kwargs` (a JSON object) is passed to the make function or to `gymnasium.make`. An env whose actions are
-masked (`--action_mask`) is wrapped in `appo.envs.action_masks.ActionMasks`. Workers build envs through this same
-function, so every process resolves the name the same way.
+`--env_kwargs` (a JSON object) is passed to the make function or to `gymnasium.make`. Observations of routes 2 and 3
+that are not a Box or a Dict of Boxes (Taxi's Discrete state, Blackjack's Tuple) are turned into ones
+(`appo.envs.observations`). An env whose actions are masked (`--action_mask`) is wrapped in
+`appo.envs.action_masks.ActionMasks`. Workers build envs through this same function, so every process resolves the
+name the same way.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.spaces import MASK_KEY, gaussian_box, initial_stds, mask_size
+from appo.spaces import MASK_KEY, SpaceError, gaussian_box, initial_stds, mask_size
 from appo.utils.logs import log
 
 NOISE_PROBE_STEPS = 2000  # two of HalfCheetah's episodes; Ant's last about 300 steps at the narrow std
@@ -134,10 +136,10 @@ def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         return EnvPoolEnv(env_id[len(ENVPOOL_PREFIX):], **kwargs)
     make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
     if make_fn is not None:
-        return with_vector_observations(_as_gym_env(env_id, make_fn(**kwargs)))
+        return _with_model_observations(env_id, _as_gym_env(env_id, make_fn(**kwargs)))
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; workers step millions of times.
-        return with_vector_observations(gym.make(env_id, disable_env_checker=True, **kwargs))
+        env = gym.make(env_id, disable_env_checker=True, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         extra = next((name for name, families in EXTRAS.items() if env_id.split("/")[-1].startswith(families)), None)
         hint = f'pip install -e ".[{extra}]"' if extra else "install the package it names"
@@ -147,6 +149,18 @@ def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
                        f"CartPole-v1, 'package.module:EnvName-v0', or one of {sorted(_REGISTRY)}") from exc
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
+    return _with_model_observations(env_id, env)
+
+
+def _with_model_observations(env_id: str, env: gym.Env) -> gym.Env:
+    """The env with its observations as the models take them (envs/observations.py); EnvError naming `--env` where
+    they have no such form."""
+    from appo.envs.observations import with_model_observations
+
+    try:
+        return with_model_observations(env)
+    except SpaceError as exc:
+        raise EnvError(f"--env={env_id}: {exc}") from exc
 
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
@@ -176,27 +190,6 @@ def whole_game_kwargs(env_id: str) -> dict[str, Any]:
     if is_envpool_name(env_id) and is_envpool_atari(env_id[len(ENVPOOL_PREFIX):]):
         return dict(ENVPOOL_ATARI_WHOLE_GAMES)
     return {}
-
-
-class OneHotObservation(gym.ObservationWrapper):
-    """A Discrete observation (Taxi's 500 states, FrozenLake's cells) as a one-hot float32 vector: the models take
-    vectors and images, and a state's index is no magnitude an MLP should read."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.n = int(env.observation_space.n)
-        self.start = int(env.observation_space.start)
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.n,), dtype=np.float32)
-
-    def observation(self, observation: int) -> np.ndarray:
-        one_hot = np.zeros(self.n, dtype=np.float32)
-        one_hot[int(observation) - self.start] = 1.0
-        return one_hot
-
-
-def with_vector_observations(env: gym.Env) -> gym.Env:
-    """The env, with a Discrete observation given as a one-hot vector (OneHotObservation)."""
-    return OneHotObservation(env) if isinstance(env.observation_space, gym.spaces.Discrete) else env
 
 
 def _as_gym_env(env_id: str, env: Any) -> gym.Env:

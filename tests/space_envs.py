@@ -1,4 +1,5 @@
-"""Toy envs for every supported observation and action space (used by tests/test_envs.py).
+"""Toy envs for every supported observation and action space (used by tests/test_envs.py), and one observation space
+no model takes (tests/test_bad_input.py).
 
 Reward 1 when the first part of the action is 0 (or negative for Box), so each is learnable, but the tests
 only check that the whole data path carries the spaces.
@@ -12,6 +13,9 @@ OBS = {
     "image": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
     "dict": gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
                              "state": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)}),
+    # Seen as one vector of one-hots, bits and floats (appo/envs/observations.py).
+    "choices": gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.MultiBinary(2),
+                                 gym.spaces.Box(-1.0, 1.0, (2,), np.float32))),
 }
 ACTIONS = {
     "discrete": gym.spaces.Discrete(3),
@@ -26,10 +30,10 @@ OFFSET_BOX = gym.spaces.Box(np.array([0.9, 0.0, -1.0], np.float32), np.array([1.
 
 class SpacesEnv(gym.Env):
     def __init__(self, obs: str = "vector", action: str = "discrete", image_size: int = 10):
-        # "small_image" (not in OBS, every combination of which is trained): images smaller than the Nature CNN
-        # takes, channels last.
+        # Not in OBS, every combination of which is trained: "small_image", images smaller than the Nature CNN
+        # takes, channels last; "text", strings, which have no fixed-size vector form.
         self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
-                                  else OBS[obs])
+                                  else gym.spaces.Text(8) if obs == "text" else OBS[obs])
         self.action_space = OFFSET_BOX if action == "offset_box" else ACTIONS[action]
         self.t = 0
 

@@ -91,12 +91,14 @@ def test_random_openings_for_an_env_without_turns_is_one_line_and_creates_nothin
 
 @pytest.mark.timeout(60)
 def test_an_observation_space_the_models_cannot_take_is_one_line_and_creates_nothing(tmp_path):
-    """Blackjack observes a Tuple of Discretes: no encoder takes it (a lone Discrete is one-hot encoded)."""
+    """Strings have no fixed-size vector form (Blackjack's Tuple of Discretes has one: tests/test_registry.py)."""
     result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
-                             "--env=Blackjack-v1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                             "--env=tests.space_envs:make_spaces_env", '--env_kwargs={"obs": "text"}'],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--env=Blackjack-v1: unsupported observation space Tuple" in lines[0], result.stderr
+    assert len(lines) == 1 and "--env=tests.space_envs:make_spaces_env: unsupported observation space Text" in lines[0]
+    assert "use Box, Discrete, MultiDiscrete, MultiBinary, or a Tuple or Dict of them" in lines[0], result.stderr
     assert not os.path.exists(tmp_path / "new")
 
 

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from appo.envs import make_env
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
+from appo.learning.trained_policy import load_policy
 from tests.conftest import REPO, final_reward
 from tests.space_envs import ACTIONS, OBS
 
@@ -47,6 +50,27 @@ def test_user_env_given_as_module_function_trains(trainer):
                          "--train_for_env_steps=40000", *SMALL)
     assert result.returncode == 0, result.stdout + result.stderr
     assert final_reward(trainer.train_dir, "by_function") > 0.5
+
+
+@pytest.mark.timeout(120)  # 11 s of training and 5 s of games on 2 cores
+def test_blackjack_tuple_observations_learn_the_basic_strategy(trainer):
+    """Blackjack observes a Tuple of Discretes (player sum, dealer card, usable ace), seen as one vector of one-hots.
+    Random play averages -0.40 a game, the basic strategy about -0.05; 100k env steps reached -0.049 at seeds 0 and 1
+    (20,000 games each)."""
+    result = trainer.run("--env=Blackjack-v1", "--experiment=blackjack", "--train_for_env_steps=100000", "--seed=0",
+                         "--num_workers=1", "--num_envs_per_worker=8", timeout=100)
+    assert result.returncode == 0, result.stdout + result.stderr
+    policy = load_policy(os.path.join(trainer.train_dir, "blackjack"))
+    env = make_env("Blackjack-v1")
+    rewards = []
+    for game in range(4000):
+        observation, _ = env.reset(seed=game)
+        ended = False
+        while not ended:
+            observation, reward, terminated, truncated, _ = env.step(int(policy.act(observation, deterministic=True)))
+            ended = terminated or truncated
+        rewards.append(reward)
+    assert np.mean(rewards) > -0.12, np.mean(rewards)  # 4,000 games: a standard error of about 0.015
 
 
 @pytest.mark.timeout(240)  # 30 s (one policy) and 70 s (two) on 2 cores; CI's machines are slower
