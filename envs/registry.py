@@ -54,6 +54,8 @@ _REGISTRY: dict[str, Callable[..., gym.Env]] = {}
 EXTRAS = {"box2d": ("LunarLander", "BipedalWalker", "CarRacing"),
           "mujoco": ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher",
                      "InvertedPendulum", "InvertedDoublePendulum")}
+# gymnasium id namespaces whose ids a module registers when asked, and the extra of this project that installs it.
+NAMESPACE_MODULES = {"ALE": ("ale_py", "atari")}
 # Top-level modules of `package.module:function` envs that an extra of this project installs.
 MODULE_EXTRAS = {"pettingzoo": "pettingzoo", "mpe2": "pettingzoo"}
 
@@ -138,6 +140,7 @@ def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     if make_fn is not None:
         return _with_model_observations(env_id, _as_gym_env(env_id, make_fn(**kwargs)))
     try:
+        _register_namespace(env_id)
         # The passive checker costs ~30% of a CartPole step and only warns; workers step millions of times.
         env = gym.make(env_id, disable_env_checker=True, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
@@ -150,6 +153,19 @@ def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
     return _with_model_observations(env_id, env)
+
+
+def _register_namespace(env_id: str) -> None:
+    """Register the gymnasium ids of a namespace whose package registers them only when asked: `ALE/Pong-v5`
+    needs `gym.register_envs(ale_py)` (gymnasium's raw ALE env; `atari_pong` is the DeepMind preprocessing)."""
+    namespace = env_id.split("/")[0] if "/" in env_id else None
+    if namespace not in NAMESPACE_MODULES:
+        return
+    module_name, extra = NAMESPACE_MODULES[namespace]
+    try:
+        gym.register_envs(importlib.import_module(module_name))
+    except ImportError as exc:
+        raise EnvError(f'--env={env_id}: the {namespace} ids need {module_name}; pip install -e ".[{extra}]"') from exc
 
 
 def _with_model_observations(env_id: str, env: gym.Env) -> gym.Env:

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("ale_py")
 
 from appo.envs.atari import ATARI_PREFIX, is_atari_name, make_atari  # noqa: E402
-from appo.envs.registry import EnvError  # noqa: E402
+from appo.envs.registry import EnvError, make_env  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 
@@ -152,6 +152,16 @@ def test_env_exposes_what_the_trainer_reads():
     assert env.reports_true_episode_reward
     assert env.observation_space.shape == (4, 84, 84)
     env.close()
+
+
+def test_gymnasium_ale_ids_are_made_as_they_are(monkeypatch):
+    """`ALE/Pong-v5` is gymnasium's raw env (RGB frames, its own frame skip), once ale-py has registered its ids."""
+    env = make_env("ALE/Pong-v5")
+    assert env.observation_space.shape == (210, 160, 3) and env.action_space.n == 6
+    env.close()
+    monkeypatch.setitem(sys.modules, "ale_py", None)
+    with pytest.raises(EnvError, match=r"--env=ALE/Breakout-v5: the ALE ids need ale_py; pip install -e \"\.\[atari"):
+        make_env("ALE/Breakout-v5")
 
 
 @pytest.mark.slow
