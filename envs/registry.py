@@ -27,6 +27,7 @@ name the same way.
 from __future__ import annotations
 
 import importlib
+import re
 import signal
 import threading
 import time
@@ -108,7 +109,13 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    env = _make_unmasked(env_id, kwargs)
+    try:
+        env = _make_unmasked(env_id, kwargs)
+    except TypeError as exc:
+        problem = _argument_problem(exc, kwargs)
+        if problem is None:
+            raise
+        raise EnvError(f"--env={env_id}: {problem}") from exc
     turn_based = bool(getattr(env, "turn_based", False))
     if turn_based:
         env.unwrapped.random_opening_moves = random_opening_moves
@@ -123,6 +130,18 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode:
     except EnvError:
         env.close()
         raise
+
+
+def _argument_problem(exc: TypeError, kwargs: dict[str, Any]) -> str | None:
+    """What `--env_kwargs` got wrong, when the TypeError making an env says it: a key its make function does not
+    take, or an argument it needs and was not given; None for any other TypeError (a fault of the env's own code)."""
+    message = str(exc).split(" was raised from the environment creator")[0]  # gymnasium.make appends where it was
+    unexpected = re.search(r"unexpected keyword argument '([^']+)'", message)
+    if unexpected and unexpected.group(1) in kwargs:
+        return f"--env_kwargs names {unexpected.group(1)!r}, which its make function does not take ({message})"
+    if re.search(r"missing \d+ required (positional|keyword-only) argument", message):
+        return f"its make function needs an argument --env_kwargs does not give ({message})"
+    return None
 
 
 def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:

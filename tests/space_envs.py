@@ -52,3 +52,8 @@ class SpacesEnv(gym.Env):
 
 def make_spaces_env(**kwargs) -> SpacesEnv:
     return SpacesEnv(**kwargs)
+
+
+def make_spaces_env_of(obs: str, action: str) -> SpacesEnv:
+    """Both spaces named, neither with a default: a make function that needs its --env_kwargs (test_bad_input.py)."""
+    return SpacesEnv(obs=obs, action=action)

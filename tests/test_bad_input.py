@@ -81,6 +81,20 @@ def test_unknown_env_creates_nothing(tmp_path, env):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("env,kwargs,expected", [
+    ("CartPole-v1", '{"nope": 1}', "--env_kwargs names 'nope', which its make function does not take"),
+    ("tests.space_envs:make_spaces_env", '{"obz": "vector"}', "--env_kwargs names 'obz'"),
+    ("tests.space_envs:make_spaces_env_of", '{"obs": "vector"}', "its make function needs an argument --env_kwargs"),
+])
+def test_env_kwargs_its_make_function_does_not_take_are_one_line_and_create_nothing(tmp_path, env, kwargs, expected):
+    result = run(str(tmp_path), f"--env={env}", f"--env_kwargs={kwargs}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--env={env}: {expected}" in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "exp")
+
+
+@pytest.mark.timeout(60)
 def test_random_openings_for_an_env_without_turns_is_one_line_and_creates_nothing(tmp_path):
     result = run(str(tmp_path), "--env=CartPole-v1", "--random_opening_moves=2")
     assert result.returncode == 2
