@@ -172,6 +172,14 @@ def test_a_value_out_of_its_range_is_one_line_naming_the_flag(name):
     assert message.startswith(f"--{name}={kind(outside)}: must be") and "\n" not in message
 
 
+def test_an_open_bound_is_outside_its_range():
+    """torch's Adam refuses a beta of 1 in the learner process, after the experiment dir exists: the flags refuse it."""
+    with pytest.raises(ConfigError, match=r"--adam_beta1=1.0: must be within \[0, 1\)"):
+        validate(dataclasses.replace(Config(env="CartPole-v1"), adam_beta1=1.0))
+    with pytest.raises(ConfigError, match=r"--value_loss_coeff=0.0: must be positive"):
+        validate(dataclasses.replace(Config(env="CartPole-v1"), value_loss_coeff=0.0))
+
+
 def test_a_value_of_the_wrong_type_or_choice_is_refused():
     for name, value, expected in [("num_workers", "2", "--num_workers='2': must be an integer"),
                                   ("use_rnn", 1, "--use_rnn=1: must be True or False"),

@@ -339,8 +339,8 @@ class LearningFlags:
     reward_scale: float = flag(1.0, LEARNING,
                                "Rewards are multiplied by this before learning (and before --reward_clip); with "
                                "--normalize_returns=False it keeps value targets near 1-10, so the value loss does not "
-                               "dominate.")
-    reward_clip: float = flag(1000.0, LEARNING, "Scaled rewards are clipped to [-x, x].")
+                               "dominate.", valid="(0, inf)")
+    reward_clip: float = flag(1000.0, LEARNING, "Scaled rewards are clipped to [-x, x].", valid="(0, inf)")
     learning_rate: float = flag(1e-3, LEARNING, "Learning rate of the Adam optimizer.", valid="(0, inf)")
     lr_schedule: str = flag("kl_adaptive", LEARNING,
                             "How the learning rate moves over the run: constant; linear: down from --learning_rate "
@@ -357,14 +357,17 @@ class LearningFlags:
                                            "towards.", valid="(0, inf)")
     adam_eps: float = flag(1e-6, LEARNING, "Adam's epsilon, added to the denominator for numerical stability.",
                            valid="(0, inf)")
-    adam_beta1: float = flag(0.9, LEARNING, "Adam's beta1: the decay rate of its running mean of gradients.")
-    adam_beta2: float = flag(0.999, LEARNING, "Adam's beta2: the decay rate of its running mean of squared gradients.")
-    max_grad_norm: float = flag(4.0, LEARNING, "Gradient norm clipping threshold; 0 disables it.")
+    adam_beta1: float = flag(0.9, LEARNING, "Adam's beta1: the decay rate of its running mean of gradients.",
+                             valid="[0, 1)")
+    adam_beta2: float = flag(0.999, LEARNING, "Adam's beta2: the decay rate of its running mean of squared gradients.",
+                             valid="[0, 1)")
+    max_grad_norm: float = flag(4.0, LEARNING, "Gradient norm clipping threshold; 0 disables it.", valid="[0, inf)",
+                                zero="no clipping")
     exploration_loss: str = flag("entropy", LEARNING,
                                  "Exploration bonus: policy entropy, or symmetric KL to a prior: uniform for "
                                  "discrete actions, normal with std 1 at the action box's centre for continuous ones.",
                                  choices=("entropy", "symmetric_kl"))
-    exploration_loss_coeff: float = flag(0.003, LEARNING, "Weight of the exploration loss.")
+    exploration_loss_coeff: float = flag(0.003, LEARNING, "Weight of the exploration loss.", valid="[0, inf)")
     kl_loss_coeff: float = flag(0.0, LEARNING,
                                 "Weight of a penalty on the KL divergence of the policy from the behaviour policy, "
                                 "estimated from the sampled actions (mean of r - 1 - log r, r the probability ratio): "
@@ -378,7 +381,7 @@ class LearningFlags:
                                 "samples), the gap from the behaviour policy corrected by an importance weight "
                                 "(decoupled PPO, Hilton et al. 2021). GAE only (--with_vtrace=False).",
                                 choices=("behaviour", "iteration"))
-    value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.")
+    value_loss_coeff: float = flag(0.5, LEARNING, "Weight of the value loss.", valid="(0, inf)")
 
 
 @dataclass(frozen=True, kw_only=True)
