@@ -32,7 +32,7 @@ from appo.config.cfg import (
     save_cfg,
 )
 from appo.envs import EnvError, EnvInfo, env_info
-from appo.envs.registry import noise_terminations
+from appo.envs.registry import noise_terminations, random_game_moves
 from appo.envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
 from appo.hooks import Hooks
 from appo.hooks import registered as registered_hooks
@@ -230,11 +230,14 @@ def check_spaces_fit(cfg: Config, info: EnvInfo) -> None:
 
 
 def _apply_auto(cfg: Config, given: set[str], info: EnvInfo) -> tuple[Config, EnvInfo, list[str]]:
-    """The auto rules at the start of a new experiment: the env's noise probed where a rule needs it, then the
-    rules applied (`auto.apply`); returns the config, the env's info with the probe's answer, and the "auto:" lines."""
+    """The auto rules at the start of a new experiment: the env's noise and a turn-based game's length probed where a
+    rule needs them, then the rules applied (`auto.apply`); returns the config, the env's info with the probes'
+    answers, and the "auto:" lines."""
     if auto.probes_noise(cfg, info, given):
         probed = noise_terminations(cfg.env, env_kwargs(cfg), auto.narrow_stddev(info))
         info = dataclasses.replace(info, noise_terminations=probed)
+    if info.turn_based and "random_opening_moves" not in given:
+        info = dataclasses.replace(info, random_game_moves=random_game_moves(cfg.env, env_kwargs(cfg)))
     masked = cfg.action_mask
     cfg, lines = auto.apply(cfg, given, info)
     if cfg.action_mask != masked:  # masks read from info join the observation: the spaces the model sees

@@ -43,6 +43,7 @@ from appo.utils.logs import log
 
 NOISE_PROBE_STEPS = 2000  # two of HalfCheetah's episodes; Ant's last about 300 steps at the narrow std
 SLOW_PROBE_S = 5.0  # a start-up probe that takes longer logs a line: the user sees why start-up is slow
+GAME_PROBE_MOVES = 2000  # random moves the turn-based game probe plays: about 95 connect four games, 260 tic-tac-toe
 
 
 class EnvError(Exception):
@@ -262,6 +263,7 @@ class EnvInfo:
     shm_bytes_per_env: int = 0  # /dev/shm one env instance uses (Doom's engines), for the start-up check
     info_action_mask: bool = False  # an unmasked env's reset info holds an action mask (--action_mask=auto reads it)
     turn_based: bool = False  # seats take turns (envs/pettingzoo_turns.py)
+    random_game_moves: float | None = None  # a turn-based game's mean length under random play, probed
 
 
 def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step: bool = False,
@@ -375,6 +377,33 @@ def noise_terminations(env_id: str, env_kwargs: dict[str, Any] | None, narrow_st
             log.info("Noise probe: %d steps of %s at std 1 and %g took %.1f s (to see how often noise ends its "
                      "episodes early, for the Gaussian's initial std; the answer does not depend on the time)",
                      max_steps, env_id, narrow_std, seconds)
+
+
+def random_game_moves(env_id: str, env_kwargs: dict[str, Any] | None,
+                      max_moves: int = GAME_PROBE_MOVES) -> float | None:
+    """A turn-based game's mean length in moves when every seat plays uniformly random legal moves, over the games
+    begun within `max_moves` moves from seed 0 (the last one cut short there); None when making or playing it raises.
+    Read at start-up by the random-openings rule (appo/config/auto.py): a fixed count of moves, not of seconds, so the
+    answer does not depend on how fast this machine is."""
+    from appo.envs.action_masks import random_actions  # (that module imports this one)
+
+    try:
+        env = make_env(env_id, env_kwargs)
+        try:
+            rng, lengths, moves = np.random.default_rng(0), [0], 0
+            obs, _ = env.reset(seed=0)
+            while moves < max_moves:
+                actions, _ = random_actions(env.action_space, obs, env.num_agents, rng)
+                obs, _, terminated, truncated, _ = env.step(actions)
+                moves, lengths[-1] = moves + 1, lengths[-1] + 1
+                if (terminated or truncated) and moves < max_moves:
+                    obs, _ = env.reset(seed=len(lengths))
+                    lengths.append(0)
+            return float(np.mean([length for length in lengths if length]))
+        finally:
+            env.close()
+    except Exception:
+        return None
 
 
 def _terminations(env: gym.Env, std: float, max_steps: int) -> int:

@@ -15,6 +15,8 @@ import pytest
 from appo.config import auto
 from appo.config.cfg import build_parser, parse_args
 from appo.envs import EnvInfo, env_info
+from appo.envs.registry import random_game_moves
+from appo.launch import new_experiment_defaults
 from tests.conftest import final_reward
 from tests.space_envs import ACTIONS, OBS
 
@@ -363,20 +365,35 @@ def test_step_cost_is_measured():
 
 
 def test_turn_based_games_start_training_games_after_random_moves_unless_told_otherwise():
-    turns = dataclasses.replace(info(IMAGE), num_agents=2, turn_based=True)
+    turns = dataclasses.replace(info(IMAGE), num_agents=2, turn_based=True, random_game_moves=20.8)  # connect four
     cfg, lines = auto.apply(cfg_of(), set(), turns)
-    assert cfg.random_opening_moves == auto.TURN_BASED["random_opening_moves"] > 0
-    assert any("--random_opening_moves=2 (a turn-based game" in line for line in lines)
+    assert cfg.random_opening_moves == 6
+    assert any(line.startswith("auto: --random_opening_moves=6 (a turn-based game: each training game starts after 0 "
+                               "to 6 random legal moves, 0.3 of a random game's 20.8,") for line in lines), lines
+    for moves, expected in ((7.7, 2), (2.0, 1), (None, auto.FALLBACK_OPENING_MOVES)):  # tic-tac-toe, a short game
+        cfg, lines = auto.apply(cfg_of(), set(), dataclasses.replace(turns, random_game_moves=moves))
+        assert cfg.random_opening_moves == expected
+    assert any("(the probe of its length failed)" in line for line in lines)
     cfg, lines = auto.apply(cfg_of("--random_opening_moves=0"), {"random_opening_moves"}, turns)
     assert cfg.random_opening_moves == 0 and not any("turn-based" in line for line in lines)
     cfg, _ = auto.apply(cfg_of(), set(), dataclasses.replace(info(IMAGE), num_agents=2))  # simultaneous moves
     assert cfg.random_opening_moves == 0
 
 
+def test_a_random_games_length_is_probed_by_moves_not_seconds():
+    pytest.importorskip("pettingzoo")
+    tictactoe = random_game_moves("pettingzoo.classic.tictactoe_v3:env", None)
+    assert 5 < tictactoe < 9 and random_game_moves("pettingzoo.classic.tictactoe_v3:env", None) == tictactoe
+    assert 15 < random_game_moves("pettingzoo.classic.connect_four_v3:env", None, max_moves=500) < 30
+    assert random_game_moves("pettingzoo.classic.no_such_game:env", None) is None
+    _, lines = new_experiment_defaults(["--env=pettingzoo.classic.connect_four_v3:env"])
+    assert any(line.startswith("auto: --random_opening_moves=6 ") for line in lines), lines
+
+
 def test_every_rule_is_in_the_help():
     text = " ".join(build_parser().format_help().split())
-    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, *auto.TURN_BASED, "initial_stddev", "num_envs_per_worker",
-                 "actor_niceness"):
+    for name in (*auto.IMAGE_LEARNING, *auto.FAST_BATCHED, "random_opening_moves", "initial_stddev",
+                 "num_envs_per_worker", "actor_niceness"):
         assert auto.flag_help(name) and " ".join(auto.flag_help(name).split()) in text
     assert not auto.flag_help("learner_bf16") and not auto.flag_help("inference_bf16")  # float32 unless given
 

@@ -21,10 +21,13 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   disallowed actions are never sampled. Taxi at 1M env steps (3 seeds) went from -200 at every seed (the time limit's
   return: illegal pick-ups and drop-offs cost 10 each, and the policy learned to avoid the two actions altogether,
   rides included) to a mean of 7.89.
-- A turn-based game (a PettingZoo AEC env) starts each training game after 0 to 2 uniformly random legal moves
-  (TURN_BASED, `--random_opening_moves`): self-play alone keeps to its own lines of play, and a player from elsewhere
-  leads it off them. Tic-tac-toe with the guide's flags, 300 s, seeds 0-2 in one sitting: 12, 35 and 18 of 100
-  games lost to a perfect player without openings, none with them (docs/guide_turn_based.md).
+- A turn-based game (a PettingZoo AEC env) starts each training game after 0 to N uniformly random legal moves
+  (`random_openings`, `--random_opening_moves`), N being OPENING_SHARE of the game's mean length under random play
+  (probed at start-up over GAME_PROBE_MOVES moves, appo.envs.registry.random_game_moves): self-play alone keeps to
+  its own lines of play, and a player from elsewhere leads it off them. Tic-tac-toe (N = 2) with the guide's flags,
+  300 s, seeds 0-2 in one sitting: 12, 35 and 18 of 100 games lost to a perfect player without openings, none with
+  them. Connect four (N = 6), 10 minutes, seeds 0-2: 62.6% against the one-step lookahead, 56.9% with N = 2
+  (docs/guide_turn_based.md).
 - Numerics are float32 unless `--learner_bf16` or `--inference_bf16` is given: bfloat16 rounds differently, so a
   choice made by timing it would learn differently on a faster or slower CPU. Images on a CPU with native bfloat16
   (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that
@@ -77,7 +80,7 @@ import numpy as np
 
 from appo.config.flags import Config
 from appo.envs import EnvInfo
-from appo.envs.registry import NOISE_PROBE_STEPS
+from appo.envs.registry import GAME_PROBE_MOVES, NOISE_PROBE_STEPS
 from appo.envs.vector import natively_vectorised, steps_batched
 from appo.spaces import MASK_KEY, action_spec, auto_encoder, gaussian_box, initial_stds, mask_size, obs_spaces
 from appo.utils.resources import cuda_device_count
@@ -97,7 +100,10 @@ CONTINUOUS_LEARNING = {"exploration_loss_coeff": 0.0}
 
 CONTINUOUS_VECTORS = {"actor_critic_share_weights": False}
 
-TURN_BASED = {"random_opening_moves": 2}
+# A turn-based game's openings: up to this share of a random game's moves (tic-tac-toe 2 of 7.7, connect four 6 of
+# 20.8), at least one; FALLBACK_OPENING_MOVES where the probe failed.
+OPENING_SHARE = 0.3
+FALLBACK_OPENING_MOVES = 2
 
 
 def flag_help(name: str) -> str:
@@ -122,8 +128,9 @@ def flag_help(name: str) -> str:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         rules.append(f"{shown} with batched sampling of a natively vectorised env (EnvPool, a gymnasium vector "
                      "entry point) on vector observations")
-    if name in TURN_BASED:
-        rules.append(f"{TURN_BASED[name]} for turn-based games (PettingZoo AEC envs)")
+    if name == "random_opening_moves":
+        rules.append(f"for games whose players take turns (PettingZoo AEC envs), {OPENING_SHARE:g} of a random game's "
+                     f"mean length in moves, at least 1 ({GAME_PROBE_MOVES} random moves played when a run starts)")
     if name == "action_mask":
         rules.append("info when the env's reset info holds 'action_mask' and its observation no mask")
     if name == "actor_niceness":
@@ -188,6 +195,21 @@ def probes_noise(cfg: Config, info: EnvInfo, given: set[str]) -> bool:
     `narrow_stddev`): continuous actions on vectors, more than one of them, and no --initial_stddev given."""
     return (continuous_actions(info) and not has_images(info) and action_dims(info) > 1
             and "initial_stddev" not in given)
+
+
+def random_openings(info: EnvInfo) -> Choice:
+    """Up to OPENING_SHARE of a random game's moves (`info.random_game_moves`, probed at start-up) played at random
+    before each training game of a turn-based game."""
+    moves = info.random_game_moves
+    if moves is None:
+        return Choice({"random_opening_moves": FALLBACK_OPENING_MOVES},
+                      f"a turn-based game: each training game starts after 0 to {FALLBACK_OPENING_MOVES} random legal "
+                      "moves, so self-play meets positions off its own lines of play (the probe of its length failed)")
+    count = max(1, round(OPENING_SHARE * moves))
+    return Choice({"random_opening_moves": count},
+                  f"a turn-based game: each training game starts after 0 to {count} random legal moves, "
+                  f"{OPENING_SHARE:g} of a random game's {moves:.1f}, so self-play meets positions off its own lines "
+                  "of play")
 
 
 def narrow_stddev(info: EnvInfo) -> float:
@@ -290,9 +312,7 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
             found.append(narrow)
             stddev = narrow.flags["initial_stddev"] if "initial_stddev" not in given else stddev
     if info.turn_based:
-        found.append(Choice(dict(TURN_BASED), "a turn-based game: each training game starts after 0 to "
-                                              f"{TURN_BASED['random_opening_moves']} random legal moves, so self-play "
-                                              "meets positions off its own lines of play"))
+        found.append(random_openings(info))
     box = box_start(info, stddev)
     fast = None if images else fast_batched(cfg)  # (images keep IMAGE_LEARNING's learning rate)
     found += [rule for rule in (box, bf16_hint(cfg, info, given), fast) if rule]
