@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.envs.observations import model_observation, model_space
+from appo.envs.observations import model_observations, model_space
 from appo.envs.registry import EnvError
 from appo.spaces import SpaceError
 
@@ -109,6 +109,7 @@ class PettingZooEnv(gym.Env):
         self.env = env
         self.possible_agents, self.given_space, self.action_space = seats(env)
         self.observation_space = model_space(self.given_space)
+        self._seen = model_observations(self.given_space)
         self.num_agents = len(self.possible_agents)
         self.metadata = dict(getattr(env, "metadata", None) or {"render_modes": []})
         self.render_mode = getattr(env, "render_mode", None)
@@ -152,8 +153,8 @@ class PettingZooEnv(gym.Env):
 
     def _stack(self, observations: dict, present: set) -> Any:
         """Seat-ordered observations, zeros for seats without one; one array per key for Dict spaces."""
-        rows = [model_observation(self.given_space, observations[agent])
-                if agent in present and agent in observations else self._zero_obs for agent in self.possible_agents]
+        rows = [self._seen(observations[agent]) if agent in present and agent in observations else self._zero_obs
+                for agent in self.possible_agents]
         if isinstance(self.observation_space, gym.spaces.Dict):
             return {key: np.stack([np.asarray(row[key], dtype=sub.dtype) for row in rows])
                     for key, sub in self.observation_space.spaces.items()}

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from appo.envs.action_masks import NoLegalAction, random_actions
-from appo.envs.observations import model_observation, model_space
+from appo.envs.observations import model_observations, model_space
 from appo.envs.pettingzoo_env import seats, zeros_of
 from appo.envs.registry import EnvError
 from appo.spaces import MASK_KEY, SINGLE_KEY, SpaceError, mask_size
@@ -49,6 +49,7 @@ class TurnBasedEnv(gym.Env):
         except SpaceError as exc:
             raise EnvError(f"a turn-based env's seats are told whose turn it is by an action mask: {exc}") from exc
         inner = model_space(self.given_space)
+        self._seen = model_observations(self.given_space)
         keys = dict(inner.spaces) if isinstance(inner, gym.spaces.Dict) else {SINGLE_KEY: inner}
         self.env_gives_mask = MASK_KEY in keys
         self.observation_space = gym.spaces.Dict({**keys, MASK_KEY: gym.spaces.Box(0, 1, (size,), np.int8)})
@@ -109,7 +110,7 @@ class TurnBasedEnv(gym.Env):
             if agent not in self.env.agents:
                 rows.append(self._zero_obs)
                 continue
-            seen = model_observation(self.given_space, self.env.observe(agent))
+            seen = self._seen(self.env.observe(agent))
             row = dict(seen) if isinstance(seen, dict) else {SINGLE_KEY: seen}
             to_move = not over and agent == self.env.agent_selection
             mask = np.asarray(row.get(MASK_KEY, self._all_allowed), dtype=np.int8) if to_move else \
