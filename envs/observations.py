@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.spaces import SpaceError
+from appo.spaces import SpaceError, obs_spaces
 
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
 
@@ -80,8 +80,12 @@ def model_observation(space: gym.Space, observation: Any) -> Any:
 
 
 def is_model_space(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Box) or (
-        isinstance(space, gym.spaces.Dict) and all(isinstance(part, gym.spaces.Box) for part in space.spaces.values()))
+    """Whether the models take `space` as it is (appo.spaces.obs_spaces reads it)."""
+    try:
+        obs_spaces(space)
+    except SpaceError:
+        return False
+    return True
 
 
 def model_observations(space: gym.Space) -> Callable[[Any], Any]:
