@@ -26,8 +26,8 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   (probed at start-up over GAME_PROBE_MOVES moves, appo.envs.registry.random_game_moves): self-play alone keeps to
   its own lines of play, and a player from elsewhere leads it off them. Tic-tac-toe (N = 2) with the guide's flags,
   300 s, seeds 0-2 in one sitting: 12, 35 and 18 of 100 games lost to a perfect player without openings, none with
-  them. Connect four (N = 6), 10 minutes, seeds 0-2: 62.6% against the one-step lookahead, 56.9% with N = 2
-  (docs/guide_turn_based.md).
+  them. Connect four (N = 6), 10 minutes, seeds 0-2, alternating with N = 2 in one sitting: 58.0% against the
+  one-step lookahead, 57.6% with N = 2, 99.2% and 98.3% against random (docs/guide_turn_based.md).
 - Numerics are float32 unless `--learner_bf16` or `--inference_bf16` is given: bfloat16 rounds differently, so a
   choice made by timing it would learn differently on a faster or slower CPU. Images on a CPU with native bfloat16
   (AVX512-BF16, AMX) that learns and infers (--device=cpu, or auto where torch sees no CUDA device) get a line that
