@@ -56,21 +56,35 @@ NATURE_CNN_MIN_SIZE = 36
 
 
 def channels_last(shape: tuple[int, ...]) -> bool:
-    """Whether an image's shape is [H, W, C] rather than [C, H, W]: at most 4 channels last, more rows first."""
-    return len(shape) == 3 and shape[-1] <= 4 < shape[0]
+    """Whether an image's shape is [H, W, C] rather than [C, H, W]. A space does not say, so the sides do:
+    - at most 4 at one end and more at the other: that end holds the channels (grey, RGB or stacked frames; connect
+      four's 2 planes);
+    - else two equal sides next to each other are the image: a square board with its planes last (MinAtar's 10x10xC,
+      chess's 8x8x111, go's 19x19x17) or first; all three equal is taken as gymnasium's usual [H, W, C];
+    - else the smaller end holds the channels.
+    """
+    if len(shape) != 3:
+        return False
+    first, middle, last = shape
+    if (first <= 4) != (last <= 4):
+        return last <= 4
+    if first == middle or middle == last:
+        return first == middle
+    return last < first
 
 
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images
-    [C, H, W] or [H, W, C], nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
+    [C, H, W] or [H, W, C] (`channels_last`), nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
     shape = tuple(space.shape)
     if len(shape) != 3:
         return MLP, f"{'x'.join(map(str, shape))} vector"
-    height, width = shape[:2] if channels_last(shape) else shape[1:]
+    last = channels_last(shape)
+    height, width, channels = shape if last else (*shape[1:], shape[0])
+    images = f"{height}x{width} images, {channels} channels {'last' if last else 'first'}"
     if min(height, width) >= NATURE_CNN_MIN_SIZE:
-        return NATURE_CNN, f"{height}x{width} images"
-    return SMALL_CNN, (f"{height}x{width} images, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} "
-                         "nature_cnn needs")
+        return NATURE_CNN, images
+    return SMALL_CNN, f"{images}, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} nature_cnn needs"
 
 
 def mirror_axes(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int]:

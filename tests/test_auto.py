@@ -49,7 +49,7 @@ def test_images_train_each_sample_once_unless_told_otherwise():
         if name != "ppo_epochs":
             assert getattr(cfg, name) == value
     assert any("--gamma=0.99" in line and "--ppo_epochs" not in line and "image observations" in line for line in lines)
-    assert "auto: encoder nature_cnn for observation 'obs' (36x36 images)" in lines
+    assert "auto: encoder nature_cnn for observation 'obs' (36x36 images, 3 channels first)" in lines
 
 
 def test_passes_follow_the_machine_only_when_asked_and_then_say_so():
@@ -409,7 +409,7 @@ def test_small_images_train_with_the_default_encoder(trainer, size):
                          "--train_for_env_steps=60000", "--num_workers=1", "--num_envs_per_worker=8",
                          "--report_interval=1", "--decorrelate_envs_on_one_worker=False", timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, smaller than" in result.stderr
+    assert f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, 4 channels last, smaller than" in result.stderr
     with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
     assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)

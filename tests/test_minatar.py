@@ -5,6 +5,7 @@ import pytest
 
 from appo.envs import EnvError, env_info, make_env
 from appo.envs.minatar import GAMES
+from appo.spaces import auto_encoder
 
 
 @pytest.mark.parametrize("game", GAMES)
@@ -19,6 +20,14 @@ def test_every_game_gives_uint8_channels_of_0_or_255(game):
         if terminated or truncated:
             env.reset()
     env.close()
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_the_encoder_takes_the_last_axis_for_channels(game):
+    """10 x 10 x channels whatever the count: Seaquest's 10 planes and Freeway's 7 are channels, not a side."""
+    space = env_info(f"minatar_{game}").obs_space
+    encoder, why = auto_encoder(space)
+    assert (encoder, why.split(",")[:2]) == ("small_cnn", ["10x10 images", f" {space.shape[2]} channels last"])
 
 
 def test_the_minimal_action_set_is_used():

@@ -243,6 +243,17 @@ def test_image_encoders(encoder):
     assert params.shape == (3, 4) and values.shape == (3,)
 
 
+@pytest.mark.parametrize("shape,last", [
+    ((4, 84, 84), False), ((84, 84, 4), True), ((210, 160, 3), True), ((3, 72, 128), False), ((6, 7, 2), True),
+    ((2, 6, 7), False), ((10, 10, 7), True), ((10, 10, 10), True), ((8, 8, 111), True), ((19, 19, 17), True),
+    ((17, 19, 19), False), ((12, 84, 84), False), ((72, 128, 12), True), ((12, 72, 128), False)])
+def test_the_channels_are_read_from_the_shape(shape, last):
+    """Stacked frames, RGB, board planes (connect four's 2, MinAtar's up to 10, chess's 111, go's 17) at either end."""
+    from appo.spaces import channels_last
+
+    assert channels_last(shape) == last
+
+
 @pytest.mark.parametrize("shape,expected", [((10, 10, 4), "small_cnn"), ((4, 10, 10), "small_cnn"),
                                             ((3, 5, 5), "small_cnn"), ((1, 1, 1), "small_cnn"),
                                             ((4, 84, 84), "nature_cnn"), ((36, 36, 3), "nature_cnn"),

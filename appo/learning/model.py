@@ -223,7 +223,7 @@ def _in_channels(space: gym.spaces.Box) -> int:
 
 
 class _ConvEncoder(nn.Module):
-    """Images [C, H, W] (or [H, W, C], detected by a channel count <= 4 last) -> features."""
+    """Images [C, H, W] (or [H, W, C], as `appo.spaces.channels_last` reads the shape) -> features."""
 
     def __init__(self, space: gym.spaces.Box, convs: nn.Module, out_size: int):
         super().__init__()
