@@ -74,8 +74,8 @@ def channels_last(shape: tuple[int, ...]) -> bool:
 
 
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
-    """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images
-    [C, H, W] or [H, W, C] (`channels_last`), nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
+    """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images [C, H, W] or
+    [H, W, C] (`channels_last`), nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
     shape = tuple(space.shape)
     if len(shape) != 3:
         return MLP, f"{'x'.join(map(str, shape))} vector"

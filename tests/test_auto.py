@@ -409,7 +409,8 @@ def test_small_images_train_with_the_default_encoder(trainer, size):
                          "--train_for_env_steps=60000", "--num_workers=1", "--num_envs_per_worker=8",
                          "--report_interval=1", "--decorrelate_envs_on_one_worker=False", timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, 4 channels last, smaller than" in result.stderr
+    assert (f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, 4 channels last, smaller than"
+            in result.stderr)
     with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
     assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)
