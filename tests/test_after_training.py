@@ -134,6 +134,9 @@ def test_video_frame_from_image_observations():
     assert frame.shape == (84, 84, 3) and (frame[..., 0] == stacked[-1]).all()
     rgb = np.zeros((36, 36, 3), dtype=np.uint8)
     assert image_from_obs(rgb) is rgb
+    planes = np.arange(10 * 10 * 7, dtype=np.uint8).reshape(10, 10, 7)  # MinAtar's Freeway: 7 planes last
+    frame = image_from_obs({"obs": planes})
+    assert frame.shape == (10, 10, 3) and (frame[..., 1] == planes[..., -1]).all()
 
 
 # ---------------------------------------------------------------- export

@@ -33,6 +33,7 @@ from appo.learning.trained_policy import (
     policy_source,
     summarise,
 )
+from appo.spaces import channels_last
 from appo.tracking import send_file
 from appo.utils.logs import log, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
@@ -83,13 +84,14 @@ class Recorder:
 
 
 def image_from_obs(obs) -> np.ndarray:
-    """An RGB frame [H, W, 3] from an image observation: channels-last RGB as is, else the newest frame of a
-    (stacked) grayscale observation."""
+    """An RGB frame [H, W, 3] from an image observation: channels-last RGB as is, else the last channel (the newest
+    frame of stacked grayscale frames) at the end `channels_last` reads as the channels."""
     image = np.asarray(obs.get("obs", next(iter(obs.values()))) if isinstance(obs, dict) else obs)
     if image.ndim == 3 and image.shape[-1] == 3:
         return image
-    frame = image[-1] if image.ndim == 3 else image  # channels first: the newest stacked frame
-    return np.repeat(frame[..., None], 3, axis=-1)
+    if image.ndim == 3:
+        image = image[..., -1] if channels_last(image.shape) else image[-1]
+    return np.repeat(image[..., None], 3, axis=-1)
 
 
 def make_play_env(policy: TrainedPolicy, video_path: str | None, fps: float | None
