@@ -73,6 +73,11 @@ def channels_last(shape: tuple[int, ...]) -> bool:
     return last < first
 
 
+def image_side(shape: tuple[int, ...]) -> int:
+    """An image's shorter side in pixels (its height or width, whichever end holds the channels)."""
+    return min(shape[:2] if channels_last(shape) else shape[1:])
+
+
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images [C, H, W] or
     [H, W, C] (`channels_last`), nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
@@ -82,7 +87,7 @@ def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     last = channels_last(shape)
     height, width, channels = shape if last else (*shape[1:], shape[0])
     images = f"{height}x{width} images, {channels} channels {'last' if last else 'first'}"
-    if min(height, width) >= NATURE_CNN_MIN_SIZE:
+    if image_side(shape) >= NATURE_CNN_MIN_SIZE:
         return NATURE_CNN, images
     return SMALL_CNN, f"{images}, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} nature_cnn needs"
 

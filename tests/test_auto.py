@@ -52,6 +52,20 @@ def test_images_train_each_sample_once_unless_told_otherwise():
     assert "auto: encoder nature_cnn for observation 'obs' (36x36 images, 3 channels first)" in lines
 
 
+@pytest.mark.parametrize("shape", [(10, 10, 10), (6, 7, 2), (4, 35, 80)])
+def test_small_images_keep_the_passes_of_vectors(shape):
+    """MinAtar's grids and game boards: the other image values, and the default passes; an image with a side of 36
+    pixels beside them makes every sample's single pass the rule again."""
+    small = gym.spaces.Box(0, 255, shape, np.uint8)
+    cfg, lines = auto.apply(cfg_of(), set(), info(small))
+    assert cfg.ppo_epochs == cfg_of().ppo_epochs == 4
+    for name in set(auto.IMAGE_LEARNING) - set(auto.SMALL_IMAGE_KEEPS):
+        assert getattr(cfg, name) == auto.IMAGE_LEARNING[name]
+    assert any("small image observations" in line and "--ppo_epochs" not in line.split("(")[0] for line in lines)
+    both = gym.spaces.Dict({"board": small, "camera": IMAGE})
+    assert auto.apply(cfg_of(), set(), info(both))[0].ppo_epochs == 1
+
+
 def test_passes_follow_the_machine_only_when_asked_and_then_say_so():
     cfg, lines = auto.apply(cfg_of(), set(), info(VECTOR))
     assert not cfg.adaptive_epochs and not any("passes" in line for line in lines)
@@ -413,5 +427,5 @@ def test_small_images_train_with_the_default_encoder(trainer, size):
             in result.stderr)
     with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
-    assert (saved["ppo_epochs"], saved["gamma"]) == (1, 0.99)
+    assert (saved["ppo_epochs"], saved["gamma"]) == (4, 0.99)  # small images keep the passes of vectors
     assert final_reward(trainer.train_dir, f"img{size}") > 12
