@@ -318,15 +318,13 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
             found.append(Choice({}, f"encoder {name} for observation {key!r} ({why})"))
     images, continuous = has_images(info), continuous_actions(info)
     stddev = cfg.initial_stddev  # the Gaussian's scalar std, as the rules leave it
-    if images and small_images(info):
+    if images:
+        small = small_images(info)
         image = {name: value for name, value in IMAGE_LEARNING.items()
-                 if not (continuous and name in CONTINUOUS_LEARNING) and name not in SMALL_IMAGE_KEEPS}
-        found.append(Choice(image, f"small image observations: the small CNN trains each sample over the "
-                                   f"{'/'.join('--' + name for name in SMALL_IMAGE_KEEPS)} passes vectors get"))
-    elif images:
-        image = {name: value for name, value in IMAGE_LEARNING.items()
-                 if not (continuous and name in CONTINUOUS_LEARNING)}
-        found.append(Choice(image, "image observations: the CNN's SGD is the bottleneck, each sample is trained on "
+                 if not (continuous and name in CONTINUOUS_LEARNING) and not (small and name in SMALL_IMAGE_KEEPS)}
+        found.append(Choice(image, "small image observations: the small CNN trains each sample over the passes "
+                                   "vectors get" if small else
+                                   "image observations: the CNN's SGD is the bottleneck, each sample is trained on "
                                    "once"))
     if continuous:
         found.append(Choice(dict(CONTINUOUS_LEARNING), "continuous actions: the Gaussian's learned std explores, an "
