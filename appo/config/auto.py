@@ -11,8 +11,9 @@ run keeps it. The measurements behind the rules are in docs/PERFORMANCE.md ("Def
   --batch_size, at a lower learning rate and with Atari's usual discount and exploration bonus (IMAGE_LEARNING).
   Small images (every side of every image under the Nature CNN's 36 pixels: MinAtar's 10x10 grids, boards) keep
   --ppo_epochs passes, as vectors do (SMALL_IMAGE_KEEPS): the small CNN costs a fraction of the Nature CNN a sample,
-  and one pass left most of what its samples teach unlearned: at 1M env steps (seed 0), MinAtar Seaquest 6.78
-  against 1.70 and Breakout 15.7 against 5.6, in 4 times the wall time (docs/PERFORMANCE.md).
+  and one pass left most of what its samples teach unlearned: at 1M env steps, seeds 0-2 in one sitting, MinAtar
+  Seaquest 16.2 against 1.9 and Breakout 15.3 against 8.7, in about 4 times the wall time; catch reaches 9 in half
+  the env steps and 1.9 times the seconds (docs/PERFORMANCE.md).
 - Continuous actions only (every part a Box): no entropy bonus (CONTINUOUS_LEARNING). The Gaussian's learned std
   does the exploring, and a bonus on it keeps the std wide, so returns plateau (images included).
 - Continuous actions on vector observations (CONTINUOUS_VECTORS): the critic gets an MLP of its own. With one trunk
