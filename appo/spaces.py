@@ -55,6 +55,16 @@ def mask_size(space: gym.Space) -> int:
 NATURE_CNN_MIN_SIZE = 36
 
 
+def is_image(space: gym.Space) -> bool:
+    """Whether a space is a Box of images: three axes (the channels at one end, `channels_last`), or two axes of
+    uint8 pixels, one grey channel with no axis of its own (gymnasium's AtariPreprocessing and GrayscaleObservation
+    give [H, W]). A float matrix stays a vector: nothing says its axes are pixels."""
+    if not isinstance(space, gym.spaces.Box):
+        return False
+    shape = tuple(space.shape)
+    return len(shape) == 3 or (len(shape) == 2 and np.dtype(space.dtype) == np.uint8)
+
+
 def channels_last(shape: tuple[int, ...]) -> bool:
     """Whether an image's shape is [H, W, C] rather than [C, H, W]. A space does not say, so the sides do:
     - at most 4 at one end and more at the other: that end holds the channels (grey, RGB or stacked frames; connect
@@ -75,18 +85,22 @@ def channels_last(shape: tuple[int, ...]) -> bool:
 
 def image_side(shape: tuple[int, ...]) -> int:
     """An image's shorter side in pixels (its height or width, whichever end holds the channels)."""
-    return min(shape[:2] if channels_last(shape) else shape[1:])
+    return min(shape[:2] if len(shape) == 2 or channels_last(shape) else shape[1:])
 
 
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
-    """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images [C, H, W] or
-    [H, W, C] (`channels_last`), nature_cnn when both sides are at least NATURE_CNN_MIN_SIZE, else small_cnn."""
+    """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images (`is_image`:
+    [C, H, W] or [H, W, C] as `channels_last` reads them, or grey [H, W]), nature_cnn when both sides are at least
+    NATURE_CNN_MIN_SIZE, else small_cnn."""
     shape = tuple(space.shape)
-    if len(shape) != 3:
+    if not is_image(space):
         return MLP, f"{'x'.join(map(str, shape))} vector"
-    last = channels_last(shape)
-    height, width, channels = shape if last else (*shape[1:], shape[0])
-    images = f"{height}x{width} images, {channels} channels {'last' if last else 'first'}"
+    if len(shape) == 2:
+        images = f"{shape[0]}x{shape[1]} grey images, no channel axis"
+    else:
+        last = channels_last(shape)
+        height, width, channels = shape if last else (*shape[1:], shape[0])
+        images = f"{height}x{width} images, {channels} channels {'last' if last else 'first'}"
     if image_side(shape) >= NATURE_CNN_MIN_SIZE:
         return NATURE_CNN, images
     return SMALL_CNN, f"{images}, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} nature_cnn needs"
@@ -104,8 +118,8 @@ def mirror_axes(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int]
         shape = tuple(space.shape)
         if key == MASK_KEY and shape == (action_space.n,):
             axes[key] = 0
-        elif len(shape) == 3:
-            axes[key] = 1 if channels_last(shape) else 2
+        elif is_image(space):
+            axes[key] = 1 if len(shape) == 2 or channels_last(shape) else 2
             if shape[axes[key]] != action_space.n:
                 raise SpaceError(f"{need}: {key!r} is {'x'.join(map(str, shape))}, {shape[axes[key]]} wide, "
                                  f"for {action_space.n} actions")

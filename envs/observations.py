@@ -20,13 +20,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.spaces import SpaceError, obs_spaces
+from appo.spaces import SpaceError, is_image, obs_spaces
 
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
-
-
-def _is_image(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
 
 
 def _check_flattens(space: gym.Space, whole: gym.Space) -> None:
@@ -46,7 +42,7 @@ def _as_dict(space: gym.spaces.Tuple) -> gym.spaces.Dict:
 
 def _keeps_parts(space: gym.Space) -> bool:
     """A Tuple holding an image: seen as a Dict of its parts rather than one vector."""
-    return isinstance(space, gym.spaces.Tuple) and any(_is_image(part) for part in space.spaces)
+    return isinstance(space, gym.spaces.Tuple) and any(is_image(part) for part in space.spaces)
 
 
 def _vector_space(space: gym.Space) -> gym.spaces.Box:

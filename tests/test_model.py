@@ -257,8 +257,9 @@ def test_the_channels_are_read_from_the_shape(shape, last):
 @pytest.mark.parametrize("shape,expected", [((10, 10, 4), "small_cnn"), ((4, 10, 10), "small_cnn"),
                                             ((3, 5, 5), "small_cnn"), ((1, 1, 1), "small_cnn"),
                                             ((4, 84, 84), "nature_cnn"), ((36, 36, 3), "nature_cnn"),
-                                            ((7,), "mlp")])
+                                            ((7,), "mlp"), ((84, 84), "nature_cnn"), ((10, 5), "small_cnn")])
 def test_auto_encoder_fits_the_image_size(shape, expected):
+    """Three axes of any dtype, or two of uint8 pixels (grey, no channel axis), are images."""
     from appo.spaces import auto_encoder
 
     space = gym.spaces.Box(0, 255, shape, np.uint8)
@@ -269,6 +270,14 @@ def test_auto_encoder_fits_the_image_size(shape, expected):
     assert params.shape == (3, 4) and values.shape == (3,)
     (params.sum() + values.sum()).backward()  # trainable end to end
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p is not model.log_std)
+
+
+def test_a_float_matrix_is_a_vector_and_its_grey_twin_an_image():
+    from appo.spaces import auto_encoder, is_image
+
+    assert auto_encoder(gym.spaces.Box(-1.0, 1.0, (84, 84), np.float32)) == ("mlp", "84x84 vector")
+    grey = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+    assert is_image(grey) and auto_encoder(grey) == ("nature_cnn", "84x84 grey images, no channel axis")
 
 
 def test_distributions_match_torch():

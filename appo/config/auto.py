@@ -95,6 +95,7 @@ from appo.spaces import (
     gaussian_box,
     image_side,
     initial_stds,
+    is_image,
     mask_size,
     obs_spaces,
 )
@@ -168,12 +169,12 @@ class Choice:
 
 
 def has_images(info: EnvInfo) -> bool:
-    return any(len(space.shape) == 3 for space in obs_spaces(info.obs_space).values())
+    return any(is_image(space) for space in obs_spaces(info.obs_space).values())
 
 
 def small_images(info: EnvInfo) -> bool:
     """Images all smaller than the Nature CNN takes (a side under 36 pixels: MinAtar's grids, a game's board)."""
-    images = [space for space in obs_spaces(info.obs_space).values() if len(space.shape) == 3]
+    images = [space for space in obs_spaces(info.obs_space).values() if is_image(space)]
     return bool(images) and all(image_side(tuple(space.shape)) < NATURE_CNN_MIN_SIZE for space in images)
 
 

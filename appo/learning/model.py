@@ -219,17 +219,20 @@ def _conv(in_channels: int, out_channels: int, kernel: int, stride: int, padding
 
 
 def _in_channels(space: gym.spaces.Box) -> int:
+    if len(space.shape) == 2:  # grey [H, W]
+        return 1
     return space.shape[-1] if channels_last(tuple(space.shape)) else space.shape[0]
 
 
 class _ConvEncoder(nn.Module):
-    """Images [C, H, W] (or [H, W, C], as `appo.spaces.channels_last` reads the shape) -> features."""
+    """Images [C, H, W] (or [H, W, C], as `appo.spaces.channels_last` reads the shape, or grey [H, W]) -> features."""
 
     def __init__(self, space: gym.spaces.Box, convs: nn.Module, out_size: int):
         super().__init__()
         shape = tuple(space.shape)
-        self.channels_last = channels_last(tuple(space.shape))
-        chw = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        self.grey = len(shape) == 2
+        self.channels_last = not self.grey and channels_last(shape)
+        chw = (1, *shape) if self.grey else (shape[2], shape[0], shape[1]) if self.channels_last else shape
         self.convs = convs
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, *chw)).flatten(1).shape[1]
@@ -237,7 +240,9 @@ class _ConvEncoder(nn.Module):
         self.out_size = out_size
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.channels_last:
+        if self.grey:
+            x = x.unsqueeze(1)
+        elif self.channels_last:
             x = x.permute(0, 3, 1, 2)
         if torch.is_grad_enabled():
             # NHWC memory order: CPU convolutions (oneDNN) train 1.4x faster on it; inference is 5% slower.
