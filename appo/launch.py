@@ -48,7 +48,7 @@ from appo.memory.buffers import Layout
 from appo.population.pbt import load_population
 from appo.preflight import check_extension, check_machine, check_platform
 from appo.run.result import RunResult, result_path
-from appo.spaces import SpaceError, action_spec, mirror_axes, obs_spaces
+from appo.spaces import SpaceError, action_spec, check_encoder_fits, mirror_axes, obs_spaces
 from appo.utils.files import atomic_write_text
 from appo.utils.logs import log, logger_restored, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
@@ -220,9 +220,11 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
 
 
 def check_spaces_fit(cfg: Config, info: EnvInfo) -> None:
-    """The buffers' layout, and the model's mirror where asked, fit the env's spaces; ConfigError naming the env."""
+    """The buffers' layout, a CNN that --encoder names, and the model's mirror where asked, fit the env's spaces;
+    ConfigError naming the env."""
     try:
         Layout.from_cfg(cfg, info.obs_space, info.action_space, info.num_agents)
+        check_encoder_fits(cfg.encoder, info.obs_space)
         if cfg.mirror_symmetry:
             mirror_axes(info.obs_space, info.action_space)
     except TypeError as exc:  # SpaceError is one

@@ -15,7 +15,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from appo.config.encoders import MLP, NATURE_CNN, SMALL_CNN
+from appo.config.encoders import IMPALA_RESNET, MLP, NATURE_CNN, SMALL_CNN
 
 SINGLE_KEY = "obs"
 # The observation key that holds which actions are allowed (PettingZoo's classic games, `--action_mask`): stored with
@@ -56,13 +56,11 @@ NATURE_CNN_MIN_SIZE = 36
 
 
 def is_image(space: gym.Space) -> bool:
-    """Whether a space is a Box of images: three axes (the channels at one end, `channels_last`), or two axes of
-    uint8 pixels, one grey channel with no axis of its own (gymnasium's AtariPreprocessing and GrayscaleObservation
-    give [H, W]). A float matrix stays a vector: nothing says its axes are pixels."""
-    if not isinstance(space, gym.spaces.Box):
-        return False
-    shape = tuple(space.shape)
-    return len(shape) == 3 or (len(shape) == 2 and np.dtype(space.dtype) == np.uint8)
+    """Whether a space is a Box of images, which `--encoder=auto` gives a CNN: three axes, the channels at one end
+    (`channels_last`). Two axes are a vector for the MLP, as stable-baselines3 and Sample Factory read them, uint8
+    ones too: on Catch drawn as grey frames of 10x5, 40x20 and 80x40 pixels the MLP reached a mean of 9 sooner than
+    the CNN (docs/performance_log.md). A CNN named by `--encoder` takes a grey [H, W] frame as one channel."""
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
 
 
 def channels_last(shape: tuple[int, ...]) -> bool:
@@ -85,25 +83,39 @@ def channels_last(shape: tuple[int, ...]) -> bool:
 
 def image_side(shape: tuple[int, ...]) -> int:
     """An image's shorter side in pixels (its height or width, whichever end holds the channels)."""
-    return min(shape[:2] if len(shape) == 2 or channels_last(shape) else shape[1:])
+    return min(shape[:2] if channels_last(shape) else shape[1:])
 
 
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     """The encoder `--encoder=auto` picks for one observation key, and why: mlp for vectors; for images (`is_image`:
-    [C, H, W] or [H, W, C] as `channels_last` reads them, or grey [H, W]), nature_cnn when both sides are at least
+    [C, H, W] or [H, W, C] as `channels_last` reads them), nature_cnn when both sides are at least
     NATURE_CNN_MIN_SIZE, else small_cnn."""
     shape = tuple(space.shape)
     if not is_image(space):
         return MLP, f"{'x'.join(map(str, shape))} vector"
-    if len(shape) == 2:
-        images = f"{shape[0]}x{shape[1]} grey images, no channel axis"
-    else:
-        last = channels_last(shape)
-        height, width, channels = shape if last else (*shape[1:], shape[0])
-        images = f"{height}x{width} images, {channels} channels {'last' if last else 'first'}"
+    last = channels_last(shape)
+    height, width, channels = shape if last else (*shape[1:], shape[0])
+    images = f"{height}x{width} images, {channels} channels {'last' if last else 'first'}"
     if image_side(shape) >= NATURE_CNN_MIN_SIZE:
         return NATURE_CNN, images
     return SMALL_CNN, f"{images}, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} nature_cnn needs"
+
+
+def check_encoder_fits(encoder: str, obs_space: gym.Space) -> None:
+    """SpaceError where a CNN that `--encoder` names cannot take an observation: the named encoder encodes every key,
+    and a CNN takes images (`is_image`) or grey frames [H, W] as one channel; nature_cnn only those of at least
+    NATURE_CNN_MIN_SIZE pixels a side."""
+    if encoder not in (NATURE_CNN, SMALL_CNN, IMPALA_RESNET):
+        return
+    for key, space in obs_spaces(obs_space).items():
+        shape = tuple(space.shape)
+        if len(shape) not in (2, 3):
+            raise SpaceError(f"--encoder={encoder}: the observation {key!r} of shape {shape} is no image; "
+                             "--encoder=auto gives images a CNN and vectors an MLP")
+        side = min(shape) if len(shape) == 2 else image_side(shape)
+        if encoder == NATURE_CNN and side < NATURE_CNN_MIN_SIZE:
+            raise SpaceError(f"--encoder=nature_cnn: the observation {key!r} of shape {shape} is under "
+                             f"{NATURE_CNN_MIN_SIZE} pixels a side; small_cnn takes any size")
 
 
 def mirror_axes(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int]:
@@ -119,7 +131,7 @@ def mirror_axes(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int]
         if key == MASK_KEY and shape == (action_space.n,):
             axes[key] = 0
         elif is_image(space):
-            axes[key] = 1 if len(shape) == 2 or channels_last(shape) else 2
+            axes[key] = 1 if channels_last(shape) else 2
             if shape[axes[key]] != action_space.n:
                 raise SpaceError(f"{need}: {key!r} is {'x'.join(map(str, shape))}, {shape[axes[key]]} wide, "
                                  f"for {action_space.n} actions")

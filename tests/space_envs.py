@@ -11,7 +11,7 @@ import numpy as np
 OBS = {
     "vector": gym.spaces.Box(-1.0, 1.0, (5,), np.float32),
     "image": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
-    "grey_image": gym.spaces.Box(0, 255, (36, 36), np.uint8),  # no channel axis, as gymnasium's AtariPreprocessing
+    "grey_image": gym.spaces.Box(0, 255, (36, 36), np.uint8),  # no channel axis (AtariPreprocessing's): a vector
     "dict": gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
                              "state": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)}),
     # Seen as one vector of one-hots, bits and floats (appo/envs/observations.py).
@@ -32,10 +32,8 @@ OFFSET_BOX = gym.spaces.Box(np.array([0.9, 0.0, -1.0], np.float32), np.array([1.
 class SpacesEnv(gym.Env):
     def __init__(self, obs: str = "vector", action: str = "discrete", image_size: int = 10):
         # Not in OBS, every combination of which is trained: "small_image", images smaller than the Nature CNN
-        # takes, channels last, and "small_grey_image" with no channel axis; "text", strings, which have no
-        # fixed-size vector form.
-        small = {"small_image": (image_size, image_size, 4), "small_grey_image": (image_size, image_size)}
-        self.observation_space = (gym.spaces.Box(0, 255, small[obs], np.uint8) if obs in small
+        # takes, channels last; "text", strings, which have no fixed-size vector form.
+        self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
                                   else gym.spaces.Text(8) if obs == "text" else OBS[obs])
         self.action_space = OFFSET_BOX if action == "offset_box" else ACTIONS[action]
         self.t = 0

@@ -414,21 +414,18 @@ def test_every_rule_is_in_the_help():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a budget of env steps: 60-90 s on the Xeon, longer on CPUs without bfloat16
-@pytest.mark.parametrize("obs,size,images", [("small_image", 10, "10x10 images, 4 channels last"),
-                                              ("small_image", 16, "16x16 images, 4 channels last"),
-                                              ("small_grey_image", 10, "10x10 grey images, no channel axis")])
-def test_small_images_train_with_the_default_encoder(trainer, obs, size, images):
-    """Images smaller than the Nature CNN takes (grey ones with no channel axis too) get the small CNN, say so, save
-    the image rules, and learn: the env pays 1 per step for action 0 (random play: 1/3 of the 20 steps)."""
-    kwargs = json.dumps({"obs": obs, "image_size": size})
-    experiment = f"{obs}{size}"
-    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}",
-                         f"--experiment={experiment}", "--train_for_env_steps=60000", "--num_workers=1",
-                         "--num_envs_per_worker=8", "--report_interval=1", "--decorrelate_envs_on_one_worker=False",
-                         timeout=280)
+@pytest.mark.parametrize("size", [10, 16])
+def test_small_images_train_with_the_default_encoder(trainer, size):
+    """Images smaller than the Nature CNN takes get the small CNN, say so, save the image rules, and learn: the
+    env pays 1 per step for action 0 (random play: 1/3 of the 20 steps)."""
+    kwargs = json.dumps({"obs": "small_image", "image_size": size})
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}", f"--experiment=img{size}",
+                         "--train_for_env_steps=60000", "--num_workers=1", "--num_envs_per_worker=8",
+                         "--report_interval=1", "--decorrelate_envs_on_one_worker=False", timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"auto: encoder small_cnn for observation 'obs' ({images}, smaller than" in result.stderr
-    with open(os.path.join(trainer.train_dir, experiment, "cfg.json")) as f:
+    assert (f"auto: encoder small_cnn for observation 'obs' ({size}x{size} images, 4 channels last, smaller than"
+            in result.stderr)
+    with open(os.path.join(trainer.train_dir, f"img{size}", "cfg.json")) as f:
         saved = json.load(f)
     assert (saved["ppo_epochs"], saved["gamma"]) == (4, 0.99)  # small images keep the passes of vectors
-    assert final_reward(trainer.train_dir, experiment) > 12
+    assert final_reward(trainer.train_dir, f"img{size}") > 12

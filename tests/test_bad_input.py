@@ -116,6 +116,19 @@ def test_an_observation_space_the_models_cannot_take_is_one_line_and_creates_not
     assert not os.path.exists(tmp_path / "new")
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("env,encoder,expected", [
+    ("CartPole-v1", "nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (4,) is no image"),
+    ("catch", "nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (10, 5, 1) is under 36 pixels"),
+    ("CartPole-v1", "small_cnn", "--encoder=small_cnn: the observation 'obs' of shape (4,) is no image")])
+def test_a_cnn_named_for_observations_it_cannot_take_is_one_line_and_creates_nothing(tmp_path, env, encoder, expected):
+    result = run(str(tmp_path), f"--env={env}", f"--encoder={encoder}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--env={env}: {expected}" in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "exp")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,expected", [

@@ -257,9 +257,9 @@ def test_the_channels_are_read_from_the_shape(shape, last):
 @pytest.mark.parametrize("shape,expected", [((10, 10, 4), "small_cnn"), ((4, 10, 10), "small_cnn"),
                                             ((3, 5, 5), "small_cnn"), ((1, 1, 1), "small_cnn"),
                                             ((4, 84, 84), "nature_cnn"), ((36, 36, 3), "nature_cnn"),
-                                            ((7,), "mlp"), ((84, 84), "nature_cnn"), ((10, 5), "small_cnn")])
+                                            ((7,), "mlp"), ((84, 84), "mlp"), ((10, 5), "mlp")])
 def test_auto_encoder_fits_the_image_size(shape, expected):
-    """Three axes of any dtype, or two of uint8 pixels (grey, no channel axis), are images."""
+    """Three axes are images; two, uint8 ones too (a grey frame with no channel axis), are a vector."""
     from appo.spaces import auto_encoder
 
     space = gym.spaces.Box(0, 255, shape, np.uint8)
@@ -272,12 +272,13 @@ def test_auto_encoder_fits_the_image_size(shape, expected):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p is not model.log_std)
 
 
-def test_a_float_matrix_is_a_vector_and_its_grey_twin_an_image():
-    from appo.spaces import auto_encoder, is_image
-
-    assert auto_encoder(gym.spaces.Box(-1.0, 1.0, (84, 84), np.float32)) == ("mlp", "84x84 vector")
-    grey = gym.spaces.Box(0, 255, (84, 84), np.uint8)
-    assert is_image(grey) and auto_encoder(grey) == ("nature_cnn", "84x84 grey images, no channel axis")
+@pytest.mark.parametrize("encoder,shape", [("nature_cnn", (84, 84)), ("small_cnn", (10, 5)),
+                                           ("impala_resnet", (64, 64))])
+def test_a_cnn_named_by_the_flag_takes_a_grey_frame_without_a_channel_axis(encoder, shape):
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    model = ActorCritic(space, gym.spaces.Discrete(4), make_cfg(encoder=encoder))
+    params, values, _ = model.forward_step(random_obs(space, 3), torch.zeros(3, 1))
+    assert params.shape == (3, 4) and values.shape == (3,)
 
 
 def test_distributions_match_torch():
