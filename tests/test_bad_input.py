@@ -81,13 +81,18 @@ def test_unknown_env_creates_nothing(tmp_path, env):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("env,kwargs,expected", [
-    ("CartPole-v1", '{"nope": 1}', "--env_kwargs names 'nope', which its make function does not take"),
-    ("tests.space_envs:make_spaces_env", '{"obz": "vector"}', "--env_kwargs names 'obz'"),
-    ("tests.space_envs:make_spaces_env_of", '{"obs": "vector"}', "its make function needs an argument --env_kwargs"),
+@pytest.mark.parametrize("env,flag,expected", [
+    ("CartPole-v1", '--env_kwargs={"nope": 1}', "--env_kwargs names 'nope', which its make function does not take"),
+    ("tests.space_envs:make_spaces_env", '--env_kwargs={"obz": "vector"}', "--env_kwargs names 'obz'"),
+    ("tests.space_envs:make_spaces_env_of", '--env_kwargs={"obs": "vector"}',
+     "its make function needs an argument --env_kwargs"),
+    ("CartPole-v1", "--encoder=nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (4,) is no image"),
+    ("catch", "--encoder=nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (10, 5, 1) is under 36"),
+    ("CartPole-v1", "--encoder=small_cnn", "--encoder=small_cnn: the observation 'obs' of shape (4,) is no image"),
 ])
-def test_env_kwargs_its_make_function_does_not_take_are_one_line_and_create_nothing(tmp_path, env, kwargs, expected):
-    result = run(str(tmp_path), f"--env={env}", f"--env_kwargs={kwargs}")
+def test_flags_that_do_not_fit_the_env_are_one_line_and_create_nothing(tmp_path, env, flag, expected):
+    """--env_kwargs its make function does not take; a CNN named for observations it cannot encode."""
+    result = run(str(tmp_path), f"--env={env}", flag)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--env={env}: {expected}" in lines[0], result.stderr
@@ -114,19 +119,6 @@ def test_an_observation_space_the_models_cannot_take_is_one_line_and_creates_not
     assert len(lines) == 1 and "--env=tests.space_envs:make_spaces_env: unsupported observation space Text" in lines[0]
     assert "use Box, Discrete, MultiDiscrete, MultiBinary, or a Tuple or Dict of them" in lines[0], result.stderr
     assert not os.path.exists(tmp_path / "new")
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("env,encoder,expected", [
-    ("CartPole-v1", "nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (4,) is no image"),
-    ("catch", "nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (10, 5, 1) is under 36 pixels"),
-    ("CartPole-v1", "small_cnn", "--encoder=small_cnn: the observation 'obs' of shape (4,) is no image")])
-def test_a_cnn_named_for_observations_it_cannot_take_is_one_line_and_creates_nothing(tmp_path, env, encoder, expected):
-    result = run(str(tmp_path), f"--env={env}", f"--encoder={encoder}")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"--env={env}: {expected}" in lines[0], result.stderr
-    assert not os.path.exists(tmp_path / "exp")
 
 
 @pytest.mark.slow
