@@ -15,7 +15,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from appo.config.encoders import IMPALA_RESNET, MLP, NATURE_CNN, SMALL_CNN
+from appo.config.encoders import AUTO, IMPALA_RESNET, MLP, NATURE_CNN, SMALL_CNN
 
 SINGLE_KEY = "obs"
 # The observation key that holds which actions are allowed (PettingZoo's classic games, `--action_mask`): stored with
@@ -101,21 +101,42 @@ def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
     return SMALL_CNN, f"{images}, smaller than the {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} nature_cnn needs"
 
 
+# The encoders that take images; named by `--encoder`, they take a Dict's vector keys as auto does, with the MLP.
+CNNS = (NATURE_CNN, SMALL_CNN, IMPALA_RESNET)
+
+
+def key_encoder(encoder: str, space: gym.spaces.Box) -> str:
+    """The encoder one observation key gets from `--encoder`: auto's choice (`auto_encoder`); a named CNN for images
+    and grey [H, W] frames (one channel) and the MLP for vectors, so that a Dict of a board and its action mask can
+    name its CNN; any other name for every key."""
+    if encoder == AUTO:
+        return auto_encoder(space)[0]
+    if encoder in CNNS and len(space.shape) < 2:
+        return MLP
+    return encoder
+
+
 def check_encoder_fits(encoder: str, obs_space: gym.Space) -> None:
-    """SpaceError where a CNN that `--encoder` names cannot take an observation: the named encoder encodes every key,
-    and a CNN takes images (`is_image`) or grey frames [H, W] as one channel; nature_cnn only those of at least
-    NATURE_CNN_MIN_SIZE pixels a side."""
-    if encoder not in (NATURE_CNN, SMALL_CNN, IMPALA_RESNET):
+    """SpaceError where a CNN that `--encoder` names has nothing it can take: no key of two or three axes, a key of
+    more, or an image under NATURE_CNN_MIN_SIZE pixels a side for nature_cnn."""
+    if encoder not in CNNS:
         return
-    for key, space in obs_spaces(obs_space).items():
+    spaces = obs_spaces(obs_space)
+    for key, space in spaces.items():
         shape = tuple(space.shape)
-        if len(shape) not in (2, 3):
-            raise SpaceError(f"--encoder={encoder}: the observation {key!r} of shape {shape} is no image; "
-                             "--encoder=auto gives images a CNN and vectors an MLP")
+        if len(shape) > 3:
+            raise SpaceError(f"--encoder={encoder}: the observation {key!r} of shape {shape} has more axes than an "
+                             "image's three; --encoder=auto gives it the MLP")
+        if len(shape) < 2:
+            continue
         side = min(shape) if len(shape) == 2 else image_side(shape)
         if encoder == NATURE_CNN and side < NATURE_CNN_MIN_SIZE:
             raise SpaceError(f"--encoder=nature_cnn: the observation {key!r} of shape {shape} is under "
                              f"{NATURE_CNN_MIN_SIZE} pixels a side; small_cnn takes any size")
+    if all(key_encoder(encoder, space) == MLP for space in spaces.values()):
+        shapes = [f"the observation {key!r} of shape {tuple(space.shape)}" for key, space in spaces.items()]
+        raise SpaceError(f"--encoder={encoder}: {' and '.join(shapes)} {'is' if len(shapes) == 1 else 'are'} no "
+                         "image; --encoder=auto gives images a CNN and vectors an MLP")
 
 
 def mirror_axes(obs_space: gym.Space, action_space: gym.Space) -> dict[str, int]:

@@ -4,6 +4,7 @@ agrees with the trajectory buffers (state size) and with the config (encoder nam
 import copy
 import dataclasses
 import math
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -279,6 +280,42 @@ def test_a_cnn_named_by_the_flag_takes_a_grey_frame_without_a_channel_axis(encod
     model = ActorCritic(space, gym.spaces.Discrete(4), make_cfg(encoder=encoder))
     params, values, _ = model.forward_step(random_obs(space, 3), torch.zeros(3, 1))
     assert params.shape == (3, 4) and values.shape == (3,)
+
+
+@pytest.mark.parametrize("encoder", ["small_cnn", "impala_resnet"])
+def test_a_cnn_named_by_the_flag_encodes_a_dicts_images_and_leaves_its_vectors_to_the_mlp(encoder):
+    """Connect four's board and action mask: the named CNN takes the board, the MLP the mask, as auto gives them."""
+    from appo.learning.model import MlpEncoder
+
+    space = gym.spaces.Dict({"observation": gym.spaces.Box(0, 1, (6, 7, 2), np.int8),
+                             "action_mask": gym.spaces.Box(0, 1, (7,), np.int8)})
+    model = ActorCritic(space, gym.spaces.Discrete(7), make_cfg(encoder=encoder))
+    encoders = model.trunks[0]["encoder"].encoders
+    assert type(encoders["observation"]).__name__ == {"small_cnn": "SmallCnn", "impala_resnet": "ImpalaResnet"}[encoder]
+    assert isinstance(encoders["action_mask"], MlpEncoder)
+    params, values, _ = model.forward_step(random_obs(space, 3), torch.zeros(3, 1))
+    assert params.shape == (3, 7) and values.shape == (3,)
+
+
+@pytest.mark.parametrize("encoder,spaces,error", [
+    ("small_cnn", {"board": (6, 7, 2), "mask": (7,)}, None),
+    ("small_cnn", {"frame": (10, 5), "position": (3,)}, None),
+    ("nature_cnn", {"frame": (84, 84, 3), "speed": (1,)}, None),
+    ("small_cnn", {"position": (3,), "mask": (7,)},
+     "the observation 'mask' of shape (7,) and the observation 'position' of shape (3,) are no image"),
+    ("nature_cnn", {"board": (6, 7, 2), "mask": (7,)}, "'board' of shape (6, 7, 2) is under 36 pixels a side"),
+    ("small_cnn", {"clip": (4, 10, 10, 3)}, "'clip' of shape (4, 10, 10, 3) has more axes than an image's three"),
+    ("mlp", {"position": (3,)}, None),
+])
+def test_a_named_cnn_is_refused_only_where_it_has_no_image_to_take(encoder, spaces, error):
+    from appo.spaces import SpaceError, check_encoder_fits
+
+    space = gym.spaces.Dict({key: gym.spaces.Box(0, 255, shape, np.uint8) for key, shape in spaces.items()})
+    if error is None:
+        check_encoder_fits(encoder, space)
+        return
+    with pytest.raises(SpaceError, match=re.escape(f"--encoder={encoder}: ") + ".*" + re.escape(error)):
+        check_encoder_fits(encoder, space)
 
 
 def test_distributions_match_torch():

@@ -251,7 +251,8 @@ class LearningFlags:
     encoder: str = flag("auto", MODEL,
                         "Observation encoder: auto (mlp for vectors; for images nature_cnn, or small_cnn (3x3 "
                         "convolutions) when a side is under 36 pixels; said at start-up), mlp, nature_cnn, small_cnn, "
-                        "impala_resnet, a name registered with appo.learning.model.register_encoder, or "
+                        "impala_resnet (a CNN named here takes the images and the MLP a Dict's vectors), a name "
+                        "registered with appo.learning.model.register_encoder, or "
                         "package.module:factory.")
     action_mask: str = flag("auto", MODEL,
                             "Which actions each step allows: auto (the 'action_mask' key of a Dict observation, as "

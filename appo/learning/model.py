@@ -27,10 +27,10 @@ from appo.memory.buffers import rnn_size
 from appo.spaces import (
     MASK_KEY,
     action_spec,
-    auto_encoder,
     channels_last,
     gaussian_box,
     initial_stds,
+    key_encoder,
     masks_actions,
     mirror_axes,
     obs_spaces,
@@ -314,8 +314,7 @@ def register_encoder(name: str, factory: Callable[[gym.spaces.Box, object], nn.M
 
 def encoder_factory(name: str, space: gym.spaces.Box) -> Callable[[gym.spaces.Box, object], nn.Module]:
     encoders = ENCODERS | REGISTERED  # a registered name replaces a built-in one of the same name
-    if name == AUTO:
-        return encoders[auto_encoder(space)[0]]
+    name = key_encoder(name, space)
     if name in encoders:
         return encoders[name]
     if ":" in name:
