@@ -15,36 +15,62 @@ import os
 import statistics
 import sys
 
+from appo.config.cfg import ConfigError, OneLineParser
+from appo.envs import EnvError
 from appo.envs.classic_games import GAMES, play_games
 from appo.learning.checkpoint import checkpoint_dir, list_checkpoints, parse_name
-from appo.tools.versus import player_by_name, policy_player
+from appo.learning.trained_policy import PolicyLoadError
+from appo.tools.versus import player_by_name, policy_player, positive_int
+from appo.utils.process import EXIT_BAD_INPUT
 
 
-def checkpoint_at(exp_dir: str, seconds: float) -> tuple[str, float]:
-    """The checkpoint of policy 0 saved closest to `seconds` after the run started, and when it was saved."""
-    start = os.path.getmtime(os.path.join(exp_dir, "cfg.json"))
+def saved_checkpoints(exp_dir: str) -> list[tuple[str, float]]:
+    """Policy 0's checkpoints of a run and when each was saved, in seconds after the run started (its cfg.json);
+    ConfigError for a dir that is no run or kept none."""
+    config = os.path.join(exp_dir, "cfg.json")
+    if not os.path.isfile(config):
+        raise ConfigError(f"{exp_dir}: no cfg.json, so not the experiment dir of a run")
+    start = os.path.getmtime(config)
     saved = [(path, os.path.getmtime(path) - start) for path in list_checkpoints(checkpoint_dir(exp_dir, 0))]
     if not saved:
-        raise SystemExit(f"{exp_dir}: no checkpoint (run with --keep_checkpoints high enough to keep the early ones)")
-    return min(saved, key=lambda item: abs(item[1] - seconds))
+        raise ConfigError(f"{exp_dir}: no checkpoint (run with --keep_checkpoints high enough to keep the early ones)")
+    return saved
+
+
+def minutes_type(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="scripts/score_checkpoints.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiments", nargs="+", help="Experiment dirs of the runs.")
     parser.add_argument("--game", choices=GAMES, required=True)
-    parser.add_argument("--minutes", type=float, nargs="+", default=[10.0, 30.0])
+    parser.add_argument("--minutes", type=minutes_type, nargs="+", default=[10.0, 30.0])
     parser.add_argument("--opponents", nargs="+", default=["random"])
-    parser.add_argument("--games", type=int, default=300)
+    parser.add_argument("--games", type=positive_int, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    opponents = {name: player_by_name(name, args.game) for name in args.opponents}
+    try:
+        args = parser.parse_args(argv)
+        checkpoints = {exp_dir: saved_checkpoints(exp_dir) for exp_dir in args.experiments}
+        opponents = {}
+        for name in args.opponents:
+            try:
+                opponents[name] = player_by_name(name, args.game)
+            except ValueError as error:
+                raise ConfigError(f"--opponents: {error}") from error
+    except (ConfigError, PolicyLoadError, EnvError) as exc:
+        print(f"score_checkpoints.py: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(f"| run | minutes | checkpoint (version, env steps) | {' | '.join(f'vs {o}' for o in opponents)} | illegal |")
     print(f"| --- | --- | --- | {' | '.join('---' for _ in opponents)} | --- |")
     rates: dict[tuple[float, str], list[float]] = {}
     for minutes in args.minutes:
         for exp_dir in args.experiments:
-            path, seconds = checkpoint_at(exp_dir, minutes * 60)
+            path, seconds = min(checkpoints[exp_dir], key=lambda saved: abs(saved[1] - minutes * 60))
             version, env_steps = parse_name(path)
             player = policy_player(path, args.game)
             records = {name: play_games(args.game, player, opponent, args.games, args.seed)

@@ -19,6 +19,7 @@ from appo.envs.classic_games import (
     tictactoe_perfect,
 )
 from appo.tools.versus import main, player_by_name
+from tests.conftest import REPO
 
 needs_pettingzoo = pytest.mark.skipif(importlib.util.find_spec("pettingzoo") is None, reason="pettingzoo not installed")
 
@@ -242,3 +243,27 @@ def test_cli_refuses_a_policy_trained_on_another_env_in_one_line(trainer, capsys
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1, err
     assert "a policy of --env=CartPole-v1 sees {'obs': (4,)}, not tictactoe's" in err
+
+
+def score_checkpoints_main():
+    spec = importlib.util.spec_from_file_location("score_checkpoints", f"{REPO}/scripts/score_checkpoints.py")
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded.main
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["{tmp}/nope"], "{tmp}/nope: no cfg.json, so not the experiment dir of a run"),
+    (["{tmp}/empty"], "{tmp}/empty: no checkpoint"),
+    (["--minutes", "-1", "--", "{tmp}/empty"], "argument --minutes: must be 0 or more, got -1"),
+    (["--games", "0", "{tmp}/empty"], "argument --games: must be at least 1, got 0"),
+])
+def test_score_checkpoints_refuses_bad_input_in_one_line(tmp_path, argv, expected, capsys):
+    """scripts/score_checkpoints.py: a dir that is no run, a run without checkpoints, negative minutes, no games."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "cfg.json").write_text("{}")
+    main = score_checkpoints_main()
+    assert main(["--game", "connect_four", *(a.format(tmp=tmp_path) for a in argv)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert expected.format(tmp=tmp_path) in err
