@@ -180,10 +180,11 @@ class Tanh(nn.Module):
     """tanh. Without autograd (inference, the learner's bootstrap values) a CPU input of at least
     FAST_TANH_MIN_ELEMENTS is computed as 2 sigmoid(2x) - 1 in place, within 2e-7 of torch.tanh: torch's CPU tanh
     costs about 0.13 us an element on this project's machines, against 0.025 for that form (docs/PERFORMANCE.md,
-    "Batched sampling"); below that size the form's four calls cost more than tanh's one."""
+    "Batched sampling"); below that size the form's four calls cost more than tanh's one. An export's trace takes
+    tanh, whose graph holds for any batch size."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.requires_grad or x.numel() < FAST_TANH_MIN_ELEMENTS or x.device.type != "cpu":
+        if torch.jit.is_tracing() or x.requires_grad or x.numel() < FAST_TANH_MIN_ELEMENTS or x.device.type != "cpu":
             return torch.tanh(x)
         return (x * 2).sigmoid_().mul_(2).sub_(1)
 
