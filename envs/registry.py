@@ -172,6 +172,8 @@ def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
                        f"CartPole-v1, 'package.module:EnvName-v0', or one of {sorted(_REGISTRY)}") from exc
     except ModuleNotFoundError as exc:
         raise EnvError(f"--env={env_id}: module {exc.name!r} not found; install it or fix the module path") from exc
+    except ImportError as exc:  # gymnasium's retired ids (Reacher-v2: mujoco-py) say what to install
+        raise EnvError(f"--env={env_id}: cannot be made ({str(exc).strip().splitlines()[0]})") from exc
     return _with_model_observations(env_id, env)
 
 

@@ -81,6 +81,18 @@ def test_unknown_env_creates_nothing(tmp_path, env):
 
 
 @pytest.mark.timeout(60)
+def test_a_retired_gymnasium_id_is_one_error_line_and_creates_nothing(tmp_path):
+    """Reacher-v2 is registered but its make raises ImportError (mujoco-py moved to gymnasium-robotics)."""
+    result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
+                             "--env=Reacher-v2"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [line for line in result.stderr.splitlines() if "Reacher-v2: cannot" in line], result.stderr
+    assert errors[0].startswith("error: --env=Reacher-v2: cannot be made (") and "gymnasium-robotics" in errors[0]
+    assert not os.path.exists(tmp_path / "new")
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("env,flag,expected", [
     ("CartPole-v1", '--env_kwargs={"nope": 1}', "--env_kwargs names 'nope', which its make function does not take"),
     ("tests.space_envs:make_spaces_env", '--env_kwargs={"obz": "vector"}', "--env_kwargs names 'obz'"),
