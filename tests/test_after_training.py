@@ -127,6 +127,8 @@ def test_enjoy_multi_agent_and_bad_input(tmp_path):
     assert out.returncode == 2 and "--experiment (or --checkpoint=PATH) is required" in out.stderr
     out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--episode=3")
     assert out.returncode == 2 and "--episode" in out.stderr  # no abbreviations
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=coop", "--fps=0")
+    assert out.returncode == 2 and "--fps=0: must be more than 0" in out.stderr
 
 
 def test_video_frame_from_image_observations():

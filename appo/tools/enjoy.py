@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.episodes < 1 or args.max_frames < 1:
             raise ConfigError("--episodes and --max_frames must be 1 or more")
+        if args.fps is not None and not args.fps > 0:
+            raise ConfigError(f"--fps={args.fps:g}: must be more than 0 (or left out: the env's own rate)")
         source = policy_source(args)
         setup_logging()
         policy = load_policy(source, args.policy, args.device, env_kwargs(args))
