@@ -318,6 +318,11 @@ def test_plot_groups_seeds_into_mean_and_range(tmp_path):
     assert out.returncode == 2 and "no tensorboard summaries" in out.stderr
     out = run_module("appo.plot", *runs, "--tag=episode/objective", f"--out={tmp_path / 'x.png'}")
     assert out.returncode == 2 and "episode/reward" in out.stderr  # names the scalars it has
+    (tmp_path / "a_file").write_text("")
+    for bad in (tmp_path / "a_file" / "x.png", tmp_path / "curves.txt"):  # a dir that is a file; no such format
+        out = run_module("appo.plot", *runs, f"--out={bad}")
+        assert out.returncode == 2 and f"--out={bad}: cannot be written" in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and not os.path.exists(bad)
 
 
 # ---------------------------------------------------------------- custom metrics and the summary line

@@ -107,9 +107,13 @@ def plot(run_dirs: list[str], out: str, x: str = "env_steps", tag: str = "episod
     ax.set_ylabel(f"{tag} (mean over the last --stats_avg episodes)" if tag.startswith("episode/") else tag)
     ax.set_title(title or f"{tag}, policy {policy}")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        fig.savefig(out, dpi=100)
+    except (OSError, ValueError) as exc:  # ValueError: a format matplotlib does not write (--out=curves.txt)
+        raise ConfigError(f"--out={out}: cannot be written ({getattr(exc, 'strerror', None) or exc})") from exc
+    finally:
+        plt.close(fig)
     return out
 
 
