@@ -67,7 +67,7 @@ from typing import Any
 import psutil
 
 from appo.config.auto import cpu_has_bf16
-from appo.config.cfg import Config, saved_config
+from appo.config.cfg import Config, ConfigError, parse_args, saved_config
 from appo.config.flags import LEARNING, MODEL
 from appo.launch import new_experiment_defaults
 from appo.learning.checkpoint import newest_checkpoints, parse_name
@@ -777,10 +777,16 @@ def main() -> int:
         parser.error("a table is required (or --report)")
     if not 0 < args.steps_scale <= 1:
         parser.error("--steps_scale must be in (0, 1]")
+    if args.seeds < 1 or args.eval_episodes < 1:
+        parser.error(f"--seeds={args.seeds} and --eval_episodes={args.eval_episodes} must be 1 or more")
     extra = tuple(shlex.split(args.extra_flags))
     clashing = [flag for flag in extra if flag.split("=")[0] in OWN_FLAGS]
     if clashing:
         parser.error(f"--extra_flags: {' '.join(clashing)} is set by the cell itself")
+    try:  # the trainer's own checks, before any cell starts
+        parse_args(["--env=CartPole-v1", *extra])
+    except ConfigError as exc:
+        parser.error(f"--extra_flags: {exc}")
     if args.report:
         print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
         return 0

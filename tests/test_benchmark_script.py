@@ -389,3 +389,19 @@ def test_the_commit_is_dirty_for_changed_code_not_for_the_scripts_own_outputs(tm
     assert benchmark.commit() == clean
     (tmp_path / "code.py").write_text("new")
     assert benchmark.commit() == clean + "+dirty"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args,expected", [
+    (["--seeds", "0"], "--seeds=0 and --eval_episodes=10 must be 1 or more"),
+    (["--eval_episodes", "0"], "--seeds=3 and --eval_episodes=0 must be 1 or more"),
+    (["--extra_flags=--bogus=1"], "--extra_flags: unrecognized arguments: --bogus=1"),
+    (["--extra_flags=--learning_rate=-1"], "--extra_flags: --learning_rate=-1.0: must be positive"),
+])
+def test_bad_arguments_are_one_line_before_any_cell_starts(tmp_path, args, expected):
+    """Checked by the trainer's own parser before the first cell, not found by every cell failing."""
+    out = subprocess.run([sys.executable, "scripts/benchmark.py", "mujoco-1m", "--tasks", "Hopper", *args,
+                          f"--train_dir={tmp_path / 'runs'}", f"--out={tmp_path}", f"--results={tmp_path / 'kept'}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"benchmark.py: error: {expected}")
+    assert not (tmp_path / "runs").exists()
