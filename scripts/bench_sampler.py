@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from appo.config.cfg import ConfigError, parse_args
+from appo.envs import EnvError, env_info
 from appo.tools.raw_limit import env_steps_for, raw_limit, sampler_only_fps, vector_raw_limit
 
 
@@ -33,11 +35,19 @@ def main() -> None:
     parser.add_argument("--worker_num_splits", type=int, default=2)
     parser.add_argument("trainer_args", nargs="*", help="Extra flags for appo.train (after --).")
     args = parser.parse_args()
-    kwargs = json.loads(args.env_kwargs)
-
+    if not args.seconds > 0 or args.repeats < 1 or args.env_steps < 0:
+        parser.error(f"--seconds={args.seconds:g} must be more than 0, --repeats={args.repeats} 1 or more and "
+                     f"--env_steps={args.env_steps} 0 or more")
     trainer_args = [f"--worker_num_splits={args.worker_num_splits}", *args.trainer_args]
     if args.batched:
         trainer_args.append("--batched_sampling=True")
+    try:  # the trainer's own checks and the env, before the raw limit's processes start
+        parse_args([f"--env={args.env}", f"--env_kwargs={args.env_kwargs}", f"--num_workers={args.num_workers}",
+                    f"--num_envs_per_worker={args.num_envs_per_worker}", *trainer_args])
+        kwargs = json.loads(args.env_kwargs)
+        env_info(args.env, kwargs)
+    except (ConfigError, EnvError) as exc:
+        parser.error(str(exc))
     raws, trainers = [], []
     for _ in range(args.repeats):
         if args.batched:

@@ -279,3 +279,20 @@ def test_sample_factory_flag_names_are_accepted_and_count_as_given():
         parse_args(["--env=CartPole-v1", "--restart_behavior=delete"])
     with pytest.raises(ConfigError, match="num_epoch"):  # a prefix is an error, not a guess
         parse_args(["--env=CartPole-v1", "--num_epoch=4"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script,args,expected", [
+    ("bench_sampler.py", ["--env=NoSuchEnv-v9"], "error: --env=NoSuchEnv-v9: cannot be made"),
+    ("bench_sampler.py", ["--seconds=-1"], "error: --seconds=-1 must be more than 0"),
+    ("bench_sampler.py", ["--", "--bogus=1"], "error: unrecognized arguments: --bogus=1"),
+    ("time_to_solve.py", ["--runs", "0"], "error: --runs=0 must be 1 or more"),
+    ("time_to_solve.py", ["--runs", "2", "--", "--env=NoSuchEnv-v9"], "error: --env=NoSuchEnv-v9: cannot be made"),
+])
+def test_the_measuring_scripts_refuse_bad_input_in_one_line_before_measuring(script, args, expected):
+    """The raw limit's processes or the trainer's runs do not start: bench_sampler's raw limit failed in a traceback,
+    time_to_solve took a trainer refused for its flags for a run that did not solve, each run."""
+    result = subprocess.run([sys.executable, f"scripts/{script}", *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert expected in result.stderr.strip().splitlines()[-1] and result.stdout == "", (result.stdout, result.stderr)
