@@ -220,6 +220,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help=f"Skip the runs already in OUT/{RECORDS}.")
     parser.add_argument("--report", action="store_true", help="Run nothing: rewrite the report from the records.")
     args = parser.parse_args()
+    if args.seeds < 1 or args.population < 1 or not args.budget_scale > 0:
+        parser.error("--seeds and --population must be 1 or more, --budget_scale more than 0")
     path = os.path.join(args.out, RECORDS)
     records = load_records(path)
     if args.report:

@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("trainer_args", nargs="*",
                         help="after --: flags for the trainer (default --env=CartPole-v1 --num_workers=4)")
     args = parser.parse_args()
+    if not 1 <= args.from_minute < args.minutes:
+        parser.error(f"--from_minute={args.from_minute} must be from 1 to under --minutes={args.minutes}")
     trainer_args = args.trainer_args or ["--env=CartPole-v1", "--num_workers=4"]
     minutes: list[dict] = []
     with tempfile.TemporaryDirectory() as train_dir:

@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--train_dir", default="train_dir/suite")
     parser.add_argument("--out", default="docs", help="Folder for suite.md and suite.png.")
     args = parser.parse_args()
+    if args.seeds < 1 or (args.long_seeds is not None and args.long_seeds < 1) or not args.budget_scale > 0:
+        parser.error("--seeds and --long_seeds must be 1 or more, --budget_scale more than 0")
     names = args.tasks.split(",")
     unknown = [name for name in names if name not in TASKS]
     if unknown:
