@@ -326,8 +326,8 @@ def choices(cfg: Config, info: EnvInfo, given: set[str] = frozenset()) -> list[C
                  if not (continuous and name in CONTINUOUS_LEARNING) and not (small and name in SMALL_IMAGE_KEEPS)}
         found.append(Choice(image, "small image observations: the small CNN trains each sample over the passes "
                                    "vectors get" if small else
-                                   "image observations: the CNN's SGD is the bottleneck, each sample is trained on "
-                                   "once"))
+                                   "image observations: the CNN's SGD is the bottleneck"
+                                   + (", each sample is trained on once" if "ppo_epochs" not in given else "")))
     if continuous:
         found.append(Choice(dict(CONTINUOUS_LEARNING), "continuous actions: the Gaussian's learned std explores, an "
                                                        "entropy bonus would keep it wide"))
