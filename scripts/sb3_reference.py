@@ -60,6 +60,14 @@ def main() -> None:
     parser.add_argument("--eval_episodes", type=int, default=10)
     parser.add_argument("--out", help="Write the result as JSON here.")
     args = parser.parse_args()
+    if not 0 < args.gamma <= 1 or args.env_steps < 1 or args.eval_episodes < 1:
+        parser.error("--gamma must be in (0, 1], --env_steps and --eval_episodes 1 or more")
+    try:
+        gym.make(args.env).close()
+    except (gym.error.Error, ImportError) as exc:
+        parser.error(f"--env={args.env}: cannot be made ({exc})")
+    if args.time_feature and gym.spec(args.env).max_episode_steps is None:
+        parser.error(f"--time_feature: --env={args.env} has no time limit to count down")
     try:
         from stable_baselines3 import PPO
         from stable_baselines3.common.monitor import Monitor
