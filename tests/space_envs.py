@@ -32,9 +32,10 @@ OFFSET_BOX = gym.spaces.Box(np.array([0.9, 0.0, -1.0], np.float32), np.array([1.
 class SpacesEnv(gym.Env):
     def __init__(self, obs: str = "vector", action: str = "discrete", image_size: int = 10):
         # Not in OBS, every combination of which is trained: "small_image", images smaller than the Nature CNN
-        # takes, channels last; "text", strings, which have no fixed-size vector form.
+        # takes, channels last; "text", strings, which have no fixed-size vector form; "scalar", a Box of shape ().
         self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
-                                  else gym.spaces.Text(8) if obs == "text" else OBS[obs])
+                                  else gym.spaces.Text(8) if obs == "text"
+                                  else gym.spaces.Box(-1.0, 1.0, (), np.float32) if obs == "scalar" else OBS[obs])
         self.action_space = OFFSET_BOX if action == "offset_box" else ACTIONS[action]
         self.t = 0
 

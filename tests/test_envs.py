@@ -11,6 +11,7 @@ import pytest
 from appo.envs import make_env
 from appo.learning.checkpoint import checkpoint_dir, latest_checkpoint, parse_name
 from appo.learning.trained_policy import load_policy
+from appo.tools.export import ExportedModel, export_policy, onnx_difference
 from tests.conftest import REPO, final_reward
 from tests.space_envs import ACTIONS, OBS
 
@@ -32,6 +33,20 @@ def test_every_space_combination_runs(trainer, obs, action):
     exp_dir = os.path.join(trainer.train_dir, f"{obs}_{action}")
     version, env_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
     assert version >= 3 and env_steps >= 3000
+
+
+@pytest.mark.timeout(60)
+def test_a_scalar_observation_trains_and_exports(trainer):
+    """A Box of shape (): each step's observation is one number, a batch of them a vector."""
+    kwargs = json.dumps({"obs": "scalar", "action": "discrete"})
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}", "--experiment=scalar",
+                         "--train_for_env_steps=3000", "--normalize_input=True", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    exp_dir = os.path.join(trainer.train_dir, "scalar")
+    assert parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))[1] >= 3000
+    policy = load_policy(exp_dir)
+    assert onnx_difference(export_policy(policy, "onnx", os.path.join(exp_dir, "p.onnx")),
+                           ExportedModel(policy.model, ["obs"]), policy, samples=20, seed=0) <= 1e-5
 
 
 @pytest.mark.timeout(60)

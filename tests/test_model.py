@@ -152,6 +152,7 @@ OBS_SPACES = {
     "image": IMAGE,
     "image_hwc": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
     "dict": gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 48, 48), np.uint8), "state": OBS}),
+    "scalar": gym.spaces.Box(-1, 1, (), np.float32),  # a Box of shape (): a batch of it is [B]
 }
 ACTION_SPACES = {
     "discrete": gym.spaces.Discrete(5),

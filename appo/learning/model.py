@@ -204,9 +204,10 @@ class MlpEncoder(nn.Module):
             size = cfg.hidden_size
         self.net = nn.Sequential(*layers)
         self.out_size = size
+        self.scalar = space.shape == ()  # a Box of shape (): a batch of it is [B], one column
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        return self.net(x.unsqueeze(1) if self.scalar else x)
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int, stride: int, padding: int = 0) -> nn.Conv2d:
