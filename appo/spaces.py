@@ -224,11 +224,12 @@ def action_layout(space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def to_env_action(space: gym.Space, action: np.ndarray):
-    """A stored action vector as the env expects it (Box parts clipped to their bounds)."""
+    """A stored action vector as the env expects it: choice i of a Discrete or MultiDiscrete part is the env's
+    `start + i` (the model numbers choices from 0), Box parts clipped to their bounds."""
     if isinstance(space, gym.spaces.Discrete):
-        return int(action)
+        return int(action) + int(space.start)
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return action.astype(space.dtype)
+        return (action + space.start).astype(space.dtype)
     if isinstance(space, gym.spaces.Box):
         return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype)
     parts, offset = [], 0

@@ -41,9 +41,10 @@ def mask_source(flag: str, obs_space: gym.Space) -> tuple[str, str] | None:
     return ("obs", MASK_KEY) if flag == "auto" and is_dict and MASK_KEY in obs_space.spaces else None
 
 
-def allowed(mask: np.ndarray, sizes: list[int], action: Any) -> bool:
-    """Whether a flat mask (`sizes`: choices per action part) allows `action` (an int, or one int per part)."""
-    parts = np.atleast_1d(np.asarray(action)).astype(np.int64)
+def allowed(mask: np.ndarray, sizes: list[int], action: Any, starts: Any = 0) -> bool:
+    """Whether a flat mask (`sizes`: choices per action part) allows the env's `action` (an int, or one int per
+    part), whose parts number their choices from `starts` (a space's `start`)."""
+    parts = np.atleast_1d(np.asarray(action) - starts).astype(np.int64)
     offsets = np.cumsum([0, *sizes[:-1]])
     return bool(np.all(mask[offsets + parts] > 0))
 
@@ -59,7 +60,7 @@ def legal_random_action(action_space: gym.Space, mask: np.ndarray, rng: np.rando
         choices = np.flatnonzero(mask[offset:offset + n])
         parts.append(rng.choice(choices) if len(choices) else 0)
         offset += n
-    return np.array(parts, dtype=action_space.dtype)
+    return (np.array(parts) + action_space.start).astype(action_space.dtype)
 
 
 def random_actions(action_space: gym.Space, obs: Any, num_agents: int, rng: np.random.Generator) -> tuple[Any, int]:
@@ -92,6 +93,7 @@ class ActionMasks(gym.Wrapper):
         except SpaceError as exc:
             raise EnvError(f"--env={env_id}: {exc}") from exc
         self.sizes = [int(n) for n in np.atleast_1d(getattr(env.action_space, "nvec", env.action_space.n))]
+        self.starts = env.action_space.start
         mask_space = gym.spaces.Box(0, 1, (size,), np.int8)
         if self.from_info is not None:
             inner = env.observation_space
@@ -125,7 +127,8 @@ class ActionMasks(gym.Wrapper):
             return
         actions = action if self.num_agents > 1 else [action]
         for mask, agent_action in zip(self.masks, actions):
-            if mask.any() and not allowed(mask, self.sizes, agent_action):  # a seat that acts (turn-based: its turn)
+            # a seat that acts (turn-based: its turn)
+            if mask.any() and not allowed(mask, self.sizes, agent_action, self.starts):
                 self.illegal += 1
 
     def _with_masks(self, obs: Any, info: dict) -> Any:

@@ -191,6 +191,12 @@ def test_allowed_reads_multidiscrete_parts():
     mask = np.array([0, 1, 1, 0, 1])
     assert allowed(mask, sizes, [1, 0]) and allowed(mask, sizes, [1, 2])
     assert not allowed(mask, sizes, [0, 0]) and not allowed(mask, sizes, [1, 1])
+    # the env's actions numbered from a start (MultiDiscrete(..., start=[1, -1])): its [2, -1] is the mask's [1, 0]
+    assert allowed(mask, sizes, [2, -1], starts=np.array([1, -1])) and not allowed(mask, sizes, [1, -1], [1, -1])
+    space = gym.spaces.MultiDiscrete([2, 3], start=[1, -1])
+    rng = np.random.default_rng(0)
+    assert all(allowed(mask, sizes, legal_random_action(space, mask, rng), space.start) for _ in range(20))
+    assert all(space.contains(legal_random_action(space, mask, rng)) for _ in range(20))
 
 
 def test_bad_mask_flags_are_one_line_errors(trainer):

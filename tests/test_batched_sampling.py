@@ -284,7 +284,12 @@ def test_stored_actions_reach_a_vectorised_env_as_the_per_env_path_gives_them():
     cases = [(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), rng.normal(0, 2, (5, 2)).astype(np.float32)),
              (gym.spaces.MultiDiscrete([3, 4]), rng.integers(0, 3, (5, 2))),
              (gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))),
-              np.concatenate([rng.integers(0, 3, (5, 1)), rng.normal(0, 2, (5, 2))], axis=1).astype(np.float32))]
+              np.concatenate([rng.integers(0, 3, (5, 1)), rng.normal(0, 2, (5, 2))], axis=1).astype(np.float32)),
+             # choices numbered from a start other than 0: the model's choice i is the env's start + i
+             (gym.spaces.Discrete(3, start=-1), np.array([0, 1, 2, 2, 0])),
+             (gym.spaces.MultiDiscrete([3, 2], start=[1, -1]), np.array([[0, 0], [2, 1], [1, 1], [0, 1], [2, 0]])),
+             (gym.spaces.Tuple((gym.spaces.Discrete(2, start=5), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))),
+              np.array([[0, 0.5], [1, -0.5]], np.float32))]
     for space, rows in cases:
         batched = to_env_actions(space, rows)
         assert batch_space(space, len(rows)).contains(batched), space
@@ -294,6 +299,8 @@ def test_stored_actions_reach_a_vectorised_env_as_the_per_env_path_gives_them():
                 assert np.array_equal(part, np.stack([np.asarray(action[k]) for action in per_row])), space
         else:
             assert np.array_equal(batched, np.stack(per_row)), space
+        assert all(space.contains(action) for action in per_row), space
+    assert to_env_action(gym.spaces.Discrete(3, start=-1), np.array(0)) == -1
 
 
 def test_a_multi_agent_env_with_batched_sampling_is_refused_in_one_line():

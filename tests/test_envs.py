@@ -36,6 +36,19 @@ def test_every_space_combination_runs(trainer, obs, action):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("action", ["discrete_start", "multi_discrete_start"])
+def test_actions_numbered_from_a_start_reach_the_env_in_its_space(trainer, action):
+    """Discrete(3, start=-1) takes -1, 0 and 1: the model's choice i is the env's start + i; an action out of the
+    space raises in the env's step, which the run counts as an env error."""
+    kwargs = json.dumps({"obs": "vector", "action": action})
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}", f"--experiment={action}",
+                         "--train_for_env_steps=3000", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(os.path.join(trainer.train_dir, action, "result.json")) as f:
+        assert json.load(f)["faults"]["env_errors"] == 0
+
+
+@pytest.mark.timeout(60)
 def test_a_scalar_observation_trains_and_exports(trainer):
     """A Box of shape (): each step's observation is one number, a batch of them a vector."""
     kwargs = json.dumps({"obs": "scalar", "action": "discrete"})

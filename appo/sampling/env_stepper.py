@@ -45,7 +45,7 @@ class EnvStepper:
         self.call, self.call_env, self.call_since = actors.call, actors.call_env, actors.call_since
         self.envs: list[list[gym.Env]] = []
         self.action_space: gym.Space | None = None
-        self.plain_discrete = False  # one agent and a plain Discrete action: the fast path of `_env_actions`
+        self.plain_discrete = False  # one agent, a Discrete action from 0: the fast path of `_env_actions`
         self.turn_based = False  # a turn-based env (appo/envs/pettingzoo_turns.py): only the seat to move acts
         self.errors = 0  # env calls that raised since the last `take_errors`
         self.errors_seen: set[str] = set()  # distinct errors already logged with their traceback
@@ -55,7 +55,8 @@ class EnvStepper:
         self._calling(NO_CALL, 0)
         self.action_space = self.envs[0][0].action_space
         self.turn_based = bool(getattr(self.envs[0][0], "turn_based", False))
-        self.plain_discrete = self.num_agents == 1 and isinstance(self.action_space, gym.spaces.Discrete)
+        self.plain_discrete = (self.num_agents == 1 and isinstance(self.action_space, gym.spaces.Discrete)
+                               and self.action_space.start == 0)
 
     def _calling(self, call: int, env: int) -> None:
         """Record that this worker enters an env call (NO_CALL: left it), for the runner's hang detection;

@@ -37,9 +37,10 @@ def to_env_actions(space: gym.Space, actions: np.ndarray) -> Any:
     """Stored action rows (one per sub-env) as a vectorised env takes them: the batched form of
     appo.spaces.to_env_action (Box parts clipped to their bounds)."""
     if isinstance(space, gym.spaces.Discrete):
-        return np.asarray(actions, dtype=np.int64)  # no copy for a Discrete space's own (int64) rows
+        actions = np.asarray(actions, dtype=np.int64)  # no copy for a Discrete space's own (int64) rows
+        return actions + int(space.start) if space.start else actions
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return actions.astype(space.dtype)
+        return (actions + space.start).astype(space.dtype)
     if isinstance(space, gym.spaces.Box):
         return np.clip(actions.reshape(len(actions), *space.shape), space.low, space.high).astype(space.dtype)
     parts, offset = [], 0
