@@ -25,7 +25,27 @@ class BrokenResetCartPole(CartPoleEnv):
         raise RuntimeError("reset is broken on purpose")
 
 
+class FailingEpisodesCartPole(CartPoleEnv):
+    """CartPole whose step raises at the 5th step of a `share` of its episodes (chosen at random at reset)."""
+
+    def __init__(self, share: float = 1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.share, self.steps, self.fails = share, 0, False
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.steps, self.fails = 0, self.np_random.random() < self.share
+        return obs, info
+
+    def step(self, action):
+        self.steps += 1
+        if self.fails and self.steps == 5:
+            raise RuntimeError("this episode fails on purpose")
+        return super().step(action)
+
+
 gym.register("FlakyCartPole-v0", entry_point=FlakyCartPole, max_episode_steps=500)
+gym.register("FailingEpisodesCartPole-v0", entry_point=FailingEpisodesCartPole, max_episode_steps=500)
 gym.register("BrokenResetCartPole-v0", entry_point=BrokenResetCartPole, max_episode_steps=500)
 
 

@@ -5,6 +5,7 @@ worker names itself after its role); the learner tests drive real learners in-pr
 """
 
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -21,6 +22,7 @@ from appo.learning.ppo import replace_nonfinite_
 from appo.messages import SetHyperparams, WorkerFailed, WorkerReady
 from appo.run.roles import Role, nothing_to_lower
 from appo.run.supervisor import Supervisor
+from appo.sampling.env_stepper import FAILING_ENV_ERRORS
 from appo.utils.process import FatalError
 from appo.utils.queues import make_queue
 from tests.conftest import final_reward, wait_for
@@ -154,6 +156,26 @@ def test_a_multi_agent_env_that_raises_costs_only_the_episode(trainer):
     errors = re.findall(r"env errors (\d+)", result.stdout + result.stderr)
     assert errors and int(errors[-1]) >= 10
     assert "restarts" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_env_that_raises_in_nearly_every_episode_stops_the_run_and_one_in_half_does_not(trainer):
+    """A rare env error costs its episode; envs that raise in FAILING_ENV_SHARE of their episodes train on nothing
+    (before, such a run completed with every episode lost). Errors in the random steps that spread the envs apart at
+    start are counted the same way (before, the first one stopped the run as a crash at start)."""
+    broken = trainer.run("--env=tests.flaky_envs:FailingEpisodesCartPole-v0", "--experiment=broken",
+                         "--train_for_env_steps=200000", *SMALL)
+    assert broken.returncode == 1
+    output = broken.stdout + broken.stderr
+    assert re.search(rf"stopped the run: its envs raised in {FAILING_ENV_ERRORS} of the (\d+) episodes they ended or "
+                     r"lost \(RuntimeError: this episode fails on purpose at ", output), output[-3000:]
+    flaky = trainer.run("--env=tests.flaky_envs:FailingEpisodesCartPole-v0", '--env_kwargs={"share": 0.5}',
+                        "--experiment=flaky", "--train_for_env_steps=5000", *SMALL,
+                        "--decorrelate_envs_on_one_worker=True")
+    assert flaky.returncode == 0, flaky.stdout[-3000:] + flaky.stderr[-3000:]
+    with open(os.path.join(trainer.train_dir, "flaky", "result.json")) as f:
+        assert json.load(f)["faults"]["env_errors"] >= 10
 
 
 @pytest.mark.slow

@@ -30,6 +30,11 @@ from appo.utils.process import FatalError
 from appo.utils.timing import Timing
 from appo.workers.context import WorkerContext
 
+# An env that raises is rebuilt and its error counted; one that raises in nearly every episode (at least
+# FAILING_ENV_ERRORS errors, and FAILING_ENV_SHARE of the episodes this worker's envs ended or lost) trains on nothing
+# but the steps before each error, and stops the run with the error.
+FAILING_ENV_ERRORS, FAILING_ENV_SHARE = 100, 0.9
+
 
 class EnvStepper:
     """Owns `envs[split][env]` of one worker; adds the time of its env steps to the worker's timing (env_step)."""
@@ -49,6 +54,7 @@ class EnvStepper:
         self.turn_based = False  # a turn-based env (appo/envs/pettingzoo_turns.py): only the seat to move acts
         self.errors = 0  # env calls that raised since the last `take_errors`
         self.errors_seen: set[str] = set()  # distinct errors already logged with their traceback
+        self.errors_in_all = self.episodes_ended = 0  # since the worker started: errors, episodes the envs ended
 
     def make_envs(self) -> None:
         self.envs = [[self._make(s, i) for i in range(self.envs_per_split)] for s in range(self.num_splits)]
@@ -87,16 +93,20 @@ class EnvStepper:
         return self.cfg.seed + (self.worker * self.num_splits + s) * self.agents_per_split + i
 
     def _first_obs(self, s: int, i: int, env: gym.Env):
-        """With --decorrelate_envs_on_one_worker the env first makes a random number of random steps."""
+        """With --decorrelate_envs_on_one_worker the env first makes a random number of random steps; one of them
+        that raises is an env error like any other (counted, the env rebuilt), so a flaky env starts."""
         obs, _ = env.reset(seed=self._env_seed(s, i))
         if self.cfg.decorrelate_envs_on_one_worker:
             max_steps = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
             env.action_space.seed(int(self.rng.integers(2**31)))
-            for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
-                obs, _, terminated, truncated, _ = env.step(self._random_actions(env, obs))
-                if terminated or truncated:
-                    obs, _ = env.reset()
-                    break
+            try:
+                for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
+                    obs, _, terminated, truncated, _ = env.step(self._random_actions(env, obs))
+                    if terminated or truncated:
+                        obs, _ = env.reset()
+                        break
+            except Exception:
+                obs = self._rebuild(s, i)
         return obs
 
     def _random_actions(self, env: gym.Env, obs):
@@ -128,6 +138,7 @@ class EnvStepper:
             try:
                 obs, reward, terminated, truncated, info = env.step(env_actions[i])
                 if terminated or truncated:
+                    self.episodes_ended += 1
                     ended.append((i, TERMINATED if terminated else TRUNCATED, info))
                     call[w] = RESET
                     obs, _ = env.reset()
@@ -171,9 +182,15 @@ class EnvStepper:
     def _count_error(self, what: str) -> None:
         """Count the exception being handled; log it with its traceback the first time this worker sees it."""
         self.errors += 1
+        self.errors_in_all += 1
         error = sys.exc_info()[1]
         frame = traceback.extract_tb(error.__traceback__)[-1]
         key = f"{type(error).__name__}: {error} at {frame.filename}:{frame.lineno}"
+        lost = self.errors_in_all / (self.errors_in_all + self.episodes_ended)
+        if self.errors_in_all >= FAILING_ENV_ERRORS and lost >= FAILING_ENV_SHARE:
+            raise FatalError(f"its envs raised in {self.errors_in_all} of the "
+                             f"{self.errors_in_all + self.episodes_ended} episodes they ended or lost ({key}); an env "
+                             "that fails this often trains nothing (a rare error is only counted)")
         if key not in self.errors_seen:
             self.errors_seen.add(key)
             log.warning("actor %d: %s (repeats of this error are only counted):\n%s", self.worker, what,

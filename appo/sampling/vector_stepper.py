@@ -88,8 +88,11 @@ class VectorStepper(EnvStepper):
         if self.cfg.decorrelate_envs_on_one_worker:
             actions = batch_space(env.single_action_space, self.envs_per_split)
             actions.seed(int(self.rng.integers(2**31)))
-            for _ in range(int(self.rng.integers(0, self._max_episode_steps(env) // 2 + 1))):
-                obs = env.step(actions.sample())[0]
+            try:  # as in the per-env path: a step that raises is an env error, counted, the env rebuilt
+                for _ in range(int(self.rng.integers(0, self._max_episode_steps(env) // 2 + 1))):
+                    obs = env.step(actions.sample())[0]
+            except Exception:
+                obs = self._rebuild_vector(s)
         self._calling(NO_CALL, 0)
         return obs
 
@@ -113,6 +116,7 @@ class VectorStepper(EnvStepper):
         try:
             obs, rewards, terminated, truncated, info = self.vector_envs[s].step(
                 to_env_actions(self.action_space, actions))
+            self.episodes_ended += int(np.count_nonzero(terminated | truncated))
         except Exception:
             obs = self._rebuild_vector(s)
             rewards, terminated, truncated, info = (np.zeros(self.envs_per_split), np.ones(self.envs_per_split, bool),
