@@ -46,7 +46,7 @@ def mask_size(space: gym.Space) -> int:
     """Entries of an action mask for `space`: one per choice of a Discrete space, one per choice of each part of a
     MultiDiscrete, the parts one after the other (the layout of the model's logits)."""
     spec = action_spec(space)
-    if any(kind != "discrete" for kind, _ in spec) or isinstance(space, gym.spaces.Tuple):
+    if any(kind != "discrete" for kind, _ in spec) or isinstance(space, (gym.spaces.Tuple, gym.spaces.MultiBinary)):
         raise SpaceError(f"action masks need a Discrete or MultiDiscrete action space, not {space}")
     return sum(n for _, n in spec)
 
@@ -175,11 +175,14 @@ def action_spec(space: gym.Space) -> list[tuple[str, int]]:
         return [("discrete", int(space.n))]
     if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
         return [("discrete", int(n)) for n in space.nvec]
+    if isinstance(space, gym.spaces.MultiBinary):  # a game pad's buttons (stable-retro): a choice of 2 per button
+        return [("discrete", 2)] * int(math.prod(space.shape))
     if isinstance(space, gym.spaces.Box):
         return [("gaussian", int(math.prod(space.shape)))]
     if isinstance(space, gym.spaces.Tuple):
         return [part for sub in space.spaces for part in action_spec(sub)]
-    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, Box or a Tuple of them")
+    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, MultiBinary, Box or a Tuple of "
+                     "them")
 
 
 def gaussian_box(space: gym.Space) -> tuple[np.ndarray, np.ndarray]:
@@ -230,6 +233,8 @@ def to_env_action(space: gym.Space, action: np.ndarray):
         return int(action) + int(space.start)
     if isinstance(space, gym.spaces.MultiDiscrete):
         return (action + space.start).astype(space.dtype)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return action.reshape(space.shape).astype(space.dtype)
     if isinstance(space, gym.spaces.Box):
         return np.clip(action.reshape(space.shape), space.low, space.high).astype(space.dtype)
     parts, offset = [], 0

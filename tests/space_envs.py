@@ -21,6 +21,7 @@ OBS = {
 ACTIONS = {
     "discrete": gym.spaces.Discrete(3),
     "multi_discrete": gym.spaces.MultiDiscrete([2, 3]),
+    "multi_binary": gym.spaces.MultiBinary([2, 2]),  # a game pad's buttons, here of two axes
     "box": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
     "tuple": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))),
 }

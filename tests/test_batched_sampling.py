@@ -289,7 +289,10 @@ def test_stored_actions_reach_a_vectorised_env_as_the_per_env_path_gives_them():
              (gym.spaces.Discrete(3, start=-1), np.array([0, 1, 2, 2, 0])),
              (gym.spaces.MultiDiscrete([3, 2], start=[1, -1]), np.array([[0, 0], [2, 1], [1, 1], [0, 1], [2, 0]])),
              (gym.spaces.Tuple((gym.spaces.Discrete(2, start=5), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))),
-              np.array([[0, 0.5], [1, -0.5]], np.float32))]
+              np.array([[0, 0.5], [1, -0.5]], np.float32)),
+             (gym.spaces.MultiBinary([2, 2]), rng.integers(0, 2, (5, 4))),
+             (gym.spaces.Tuple((gym.spaces.MultiBinary(2), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))),
+              np.array([[0, 1, 0.5], [1, 1, -0.5]], np.float32))]
     for space, rows in cases:
         batched = to_env_actions(space, rows)
         assert batch_space(space, len(rows)).contains(batched), space

@@ -157,6 +157,7 @@ OBS_SPACES = {
 ACTION_SPACES = {
     "discrete": gym.spaces.Discrete(5),
     "multi_discrete": gym.spaces.MultiDiscrete([3, 2, 4]),
+    "multi_binary": gym.spaces.MultiBinary(3),
     "box": gym.spaces.Box(-2, 2, (2,), np.float32),
     "tuple": gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32))),
 }

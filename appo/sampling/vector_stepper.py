@@ -41,6 +41,8 @@ def to_env_actions(space: gym.Space, actions: np.ndarray) -> Any:
         return actions + int(space.start) if space.start else actions
     if isinstance(space, gym.spaces.MultiDiscrete):
         return (actions + space.start).astype(space.dtype)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return actions.reshape(len(actions), *space.shape).astype(space.dtype)
     if isinstance(space, gym.spaces.Box):
         return np.clip(actions.reshape(len(actions), *space.shape), space.low, space.high).astype(space.dtype)
     parts, offset = [], 0
