@@ -38,11 +38,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from appo.envs.contract import api_problem
 from appo.spaces import MASK_KEY, SpaceError, gaussian_box, initial_stds, mask_size
 from appo.utils.logs import log
 
 NOISE_PROBE_STEPS = 2000  # two of HalfCheetah's episodes; Ant's last about 300 steps at the narrow std
 SLOW_PROBE_S = 5.0  # a start-up probe that takes longer logs a line: the user sees why start-up is slow
+PROBE_LIMIT_S = 5.0  # a probe of one reset and a few steps (`within`) that takes longer is given up
 GAME_PROBE_MOVES = 2000  # random moves the turn-based game probe plays: about 95 connect four games, 260 tic-tac-toe
 
 
@@ -277,13 +279,18 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
         if getattr(env, "from_info", None) is not None:
             env.reset(seed=0)  # a mask missing from info, or of a wrong size: one line now, not a worker crash
         num_agents = int(getattr(env, "num_agents", 1))
+        turn_based = bool(getattr(env, "turn_based", False))
+        if num_agents == 1 and not turn_based:  # multi-agent and turn-based envs speak this project's API
+            problem = within(PROBE_LIMIT_S, lambda: api_problem(env, env.action_space.sample()))
+            if problem:
+                raise EnvError(f"--env={env_id}: {problem}")
         info_mask = action_mask == "auto" and num_agents == 1 and MASK_KEY not in obs_keys(env) and \
             reset_info_has_mask(env)
         step_seconds = guarded_step_seconds(env, num_agents) if measure_step else None
         return EnvInfo(env.observation_space, env.action_space, num_agents, int(getattr(env, "frames_per_step", 1)),
                        *reward_shaping(env), step_seconds=step_seconds,
                        shm_bytes_per_env=int(getattr(env, "shm_bytes_per_env", 0)), info_action_mask=info_mask,
-                       turn_based=bool(getattr(env, "turn_based", False)))
+                       turn_based=turn_based)
     finally:
         env.close()
 
@@ -305,7 +312,7 @@ def reset_info_has_mask(env: gym.Env) -> bool:
 
 
 def guarded_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | None = None,
-                         limit_s: float = 5.0) -> float | None:
+                         limit_s: float = PROBE_LIMIT_S) -> float | None:
     """measure_step_seconds, or None when the env raises or (in the main thread) takes over `limit_s`: the
     workers then meet the problem and report it with their usual handling."""
     return within(limit_s, lambda: measure_step_seconds(env, num_agents, actions))

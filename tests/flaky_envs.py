@@ -3,6 +3,7 @@
 import time
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from appo.envs.multi_agent import RendezvousEnv
@@ -126,3 +127,28 @@ class RandomlyFailingCartPole(CartPoleEnv):
 def make_flaky_cartpole(min_steps: int = 2000, max_steps: int = 20000) -> gym.Env:
     """--env=tests.flaky_envs:make_flaky_cartpole: CartPole-v1 (500-step limit) that fails now and then."""
     return gym.wrappers.TimeLimit(RandomlyFailingCartPole(min_steps, max_steps), max_episode_steps=500)
+
+
+class OffApiEnv(gym.Env):
+    """An env that departs from gymnasium's API in one way (`kind`), from its first reset or step."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def reset(self, *, seed=None, options=None):
+        obs = np.zeros(3, np.float32)
+        return obs if self.kind == "old_reset" else (obs, {})
+
+    def step(self, action):
+        obs = np.zeros(4 if self.kind == "shape" else 3, np.float32)
+        reward = np.ones(1) if self.kind == "reward_array" else 1.0
+        if self.kind == "old_step":
+            return obs, reward, False, {}
+        return obs, reward, False, False, [] if self.kind == "info_list" else {}
+
+
+def make_off_api(kind: str) -> OffApiEnv:
+    return OffApiEnv(kind)

@@ -81,6 +81,27 @@ def test_unknown_env_creates_nothing(tmp_path, env):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,expected", [
+    ("old_reset", "its reset returned an array of shape (3,), not gymnasium's (observation, info); an env of the old "
+                  "gym API can be wrapped with shimmy's GymV26CompatibilityV0"),
+    ("old_step", "its step returned a tuple of 4, not gymnasium's 5 (observation, reward, terminated, truncated, "
+                 "info)"),
+    ("shape", "its step returned an observation of shape (4,), where its observation_space says (3,)"),
+    ("reward_array", "its step returned a reward of an array of shape (1,), not a number"),
+    ("info_list", "its step returned info as a list, not a dict"),
+])
+def test_an_env_off_gymnasiums_api_is_one_line_at_launch_and_creates_nothing(tmp_path, kind, expected):
+    """Checked on one reset and one step at launch (envs/contract.py); before, the workers crashed after start-up,
+    an old gym step a hundred times over as env errors."""
+    result = run(str(tmp_path), "--env=tests.flaky_envs:make_off_api", f'--env_kwargs={{"kind": "{kind}"}}')
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --env=tests.flaky_envs:make_off_api: {expected}"), \
+        result.stderr
+    assert not os.path.exists(tmp_path / "exp")
+
+
+@pytest.mark.timeout(60)
 def test_a_retired_gymnasium_id_is_one_error_line_and_creates_nothing(tmp_path):
     """Reacher-v2 is registered but its make raises ImportError (mujoco-py moved to gymnasium-robotics)."""
     result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",

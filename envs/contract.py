@@ -1,0 +1,66 @@
+"""What a single-agent env must return for the workers to step it: gymnasium's API, checked once at launch on one reset
+and one random step, so that an env written for the old gym API, or one whose observations do not match its space,
+is one line naming the env and the call, not a worker's crash after start-up (or a hundred of them, each rebuilt).
+
+Only the form is checked: an env that raises here is left to the workers, which report it with their own handling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+OLD_GYM = "an env of the old gym API can be wrapped with shimmy's GymV26CompatibilityV0 (pip install shimmy)"
+
+
+def api_problem(env: gym.Env, action: Any) -> str | None:
+    """What in the env's reset and step (with `action`) departs from gymnasium's API, in a few words; None when
+    nothing does."""
+    returned = env.reset(seed=0)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        return f"its reset returned {_describe(returned)}, not gymnasium's (observation, info); {OLD_GYM}"
+    problem = _observation_problem(env.observation_space, returned[0], "reset") or _info_problem(returned[1], "reset")
+    if problem:
+        return problem
+    returned = env.step(action)
+    if not (isinstance(returned, tuple) and len(returned) == 5):
+        return (f"its step returned {_describe(returned)}, not gymnasium's 5 (observation, reward, terminated, "
+                f"truncated, info); {OLD_GYM}")
+    observation, reward, terminated, truncated, info = returned
+    if np.ndim(reward) != 0 or np.asarray(reward).dtype.kind not in "biuf":
+        return f"its step returned a reward of {_describe(reward)}, not a number"
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if np.ndim(flag) != 0:
+            return f"its step returned {name} as {_describe(flag)}, not one bool"
+    return _observation_problem(env.observation_space, observation, "step") or _info_problem(info, "step")
+
+
+def _observation_problem(space: gym.Space, observation: Any, call: str) -> str | None:
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(observation, Mapping) or set(observation) != set(space.spaces):
+            keys = sorted(observation) if isinstance(observation, Mapping) else _describe(observation)
+            return f"its {call} returned an observation of keys {keys}, where its observation_space has " \
+                   f"{sorted(space.spaces)}"
+        return next(filter(None, (_observation_problem(part, observation[key], call)
+                                  for key, part in space.spaces.items())), None)
+    if isinstance(space, gym.spaces.Box) and np.shape(observation) != space.shape:
+        return (f"its {call} returned an observation of shape {np.shape(observation)}, where its observation_space "
+                f"says {space.shape}")
+    return None
+
+
+def _info_problem(info: Any, call: str) -> str | None:
+    return None if isinstance(info, Mapping) else f"its {call} returned info as {_describe(info)}, not a dict"
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    return f"a {type(value).__name__}"
