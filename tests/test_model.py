@@ -275,6 +275,20 @@ def test_auto_encoder_fits_the_image_size(shape, expected):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p is not model.log_std)
 
 
+@pytest.mark.parametrize("shape,features", [
+    ((10, 10, 4), 5 * 5 * 64), ((6, 7, 2), 3 * 4 * 64), ((19, 19, 17), 10 * 10 * 64),
+    ((20, 20, 3), 5 * 5 * 64), ((32, 32, 3), 8 * 8 * 64), ((3, 35, 35), 9 * 9 * 64), ((40, 20), 10 * 5 * 64)])
+def test_the_small_cnn_strides_twice_from_20_pixels_a_side(shape, features):
+    """Grids under SMALL_CNN_SECOND_STRIDE (MinAtar's 10x10, connect four's 6x7, go's 19x19) keep one stride; larger
+    images get a second, so the fully connected layer sees at most 10x10 places."""
+    from appo.learning.model import SmallCnn
+
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    encoder = SmallCnn(space, make_cfg())
+    assert encoder.fc[1].in_features == features
+    assert encoder(random_obs(space, 2)["obs"].float()).shape == (2, 512)
+
+
 @pytest.mark.parametrize("encoder,shape", [("nature_cnn", (84, 84)), ("small_cnn", (10, 5)),
                                            ("impala_resnet", (64, 64))])
 def test_a_cnn_named_by_the_flag_takes_a_grey_frame_without_a_channel_axis(encoder, shape):
