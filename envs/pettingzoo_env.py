@@ -16,7 +16,9 @@ adapter does, and why:
 - The episode ends for every seat when `env.agents` is empty: terminated if every agent that ended was
   terminated, else truncated (a time limit, so the trainer may bootstrap the value).
 - `info["agents"]` holds the per-agent infos of the step, keyed by agent name; `info["active"]` says which
-  seats still play (after the step). No `episode_extra_stats`: PettingZoo defines no episode metrics, and
+  seats still play (after the step).
+- An env of one agent (MPE's simple_v3) is a single-agent env: one observation, one reward, one action, as the
+  trainer steps any env whose `num_agents` is 1. No `episode_extra_stats`: PettingZoo defines no episode metrics, and
   each seat's return is reported by the trainer already.
 
 This module never imports pettingzoo: the wrapped env is duck-typed.
@@ -124,8 +126,11 @@ class PettingZooEnv(gym.Env):
         return self._stack(observations, set(self.env.agents) | set(observations)), {
             "agents": dict(infos or {}), "active": self._active()}
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, bool, bool, dict]:
-        """One action per seat (a list, or an array with one row per seat); those of gone seats are dropped."""
+    def step(self, actions: Any) -> tuple[Any, np.ndarray | float, bool, bool, dict]:
+        """One action per seat (a list, or an array with one row per seat; one action alone for one seat); those of
+        gone seats are dropped."""
+        if self.num_agents == 1:
+            actions = [actions]
         if len(actions) != self.num_agents:
             raise ValueError(f"expected one action per agent ({self.num_agents}: {self.possible_agents}), "
                              f"got {len(actions)}")
@@ -141,10 +146,11 @@ class PettingZooEnv(gym.Env):
         # An agent's observation counts while it played this step (its last one, when it just ended) or joined.
         obs = self._stack(observations, set(playing) | set(self.env.agents))
         info = {"agents": dict(infos or {}), "active": self._active()}
+        reward = float(seat_rewards[0]) if self.num_agents == 1 else seat_rewards
         if self.env.agents:
-            return obs, seat_rewards, False, False, info
+            return obs, reward, False, False, info
         terminated = bool(self._ended_by) and all(self._ended_by.values())
-        return obs, seat_rewards, terminated, not terminated, info
+        return obs, reward, terminated, not terminated, info
 
     def _active(self) -> np.ndarray:
         active = np.zeros(self.num_agents, dtype=bool)
@@ -155,10 +161,11 @@ class PettingZooEnv(gym.Env):
         """Seat-ordered observations, zeros for seats without one; one array per key for Dict spaces."""
         rows = [self._seen(observations[agent]) if agent in present and agent in observations else self._zero_obs
                 for agent in self.possible_agents]
+        stack = np.stack if self.num_agents > 1 else lambda one: one[0]  # one seat: its observation alone
         if isinstance(self.observation_space, gym.spaces.Dict):
-            return {key: np.stack([np.asarray(row[key], dtype=sub.dtype) for row in rows])
+            return {key: stack([np.asarray(row[key], dtype=sub.dtype) for row in rows])
                     for key, sub in self.observation_space.spaces.items()}
-        return np.stack([np.asarray(row, dtype=self.observation_space.dtype) for row in rows])
+        return stack([np.asarray(row, dtype=self.observation_space.dtype) for row in rows])
 
     def render(self) -> Any:
         return self.env.render()

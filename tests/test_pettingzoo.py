@@ -30,8 +30,8 @@ class TinyParallelEnv:
     metadata = {"render_modes": ["rgb_array"], "name": "tiny_v0"}
 
     def __init__(self, terminate_at=None, truncate_at=None, max_steps=5, odd_obs=(), odd_action=(), dict_obs=False,
-                 render_mode=None):
-        self.possible_agents = ["a", "b", "c"]
+                 render_mode=None, num_agents=3):
+        self.possible_agents = ["a", "b", "c"][:num_agents]
         self.agents: list[str] = []
         self.terminate_at, self.truncate_at = dict(terminate_at or {}), dict(truncate_at or {})
         self.max_steps, self.odd_obs, self.odd_action = max_steps, set(odd_obs), set(odd_action)
@@ -227,6 +227,30 @@ def test_missing_mpe2_names_the_extra(monkeypatch):
         make_env("mpe2.simple_spread_v3:parallel_env")
     assert str(error.value) == ("--env=mpe2.simple_spread_v3:parallel_env: module 'mpe2' not found; "
                                 'pip install -e ".[pettingzoo]"')
+
+
+def test_an_env_of_one_agent_is_a_single_agent_env():
+    """One observation, one reward and one action, not stacks of one (MPE's simple_v3 failed in the actor)."""
+    env = make_env(TINY, {"num_agents": 1, "max_steps": 3})
+    assert env.num_agents == 1 and env.observation_space.shape == (2,)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2,)
+    for t in range(1, 4):
+        obs, reward, terminated, truncated, _ = env.step(2)
+        assert obs.shape == (2,) and obs[1] == t and reward == 1.0 and isinstance(reward, float)
+        assert (terminated, truncated) == (False, t == 3)
+    assert env.env.received[-1] == {"a": 2}
+    dict_env = make_env(TINY, {"num_agents": 1, "dict_obs": True})
+    assert {key: value.shape for key, value in dict_env.reset(seed=0)[0].items()} == {"x": (2,), "img": (2, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_mpe2_simple_of_one_agent_trains(trainer):
+    result = trainer.run("--env=mpe2.simple_v3:parallel_env", '--env_kwargs={"max_cycles": 25}', "--experiment=simple",
+                         "--train_for_env_steps=5000", "--num_workers=1", "--num_envs_per_worker=4", timeout=50)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert final_reward(trainer.train_dir, "simple") < 0  # episodes finished and were reported (a distance)
 
 
 @pytest.mark.timeout(30)
