@@ -82,8 +82,9 @@ def channels_last(shape: tuple[int, ...]) -> bool:
 
 
 def image_side(shape: tuple[int, ...]) -> int:
-    """An image's shorter side in pixels (its height or width, whichever end holds the channels)."""
-    return min(shape[:2] if channels_last(shape) else shape[1:])
+    """An image's shorter side in pixels (its height or width, whichever end holds the channels; a grey [H, W]
+    frame's two sides)."""
+    return min(shape[:2] if len(shape) == 2 or channels_last(shape) else shape[1:])
 
 
 def auto_encoder(space: gym.spaces.Box) -> tuple[str, str]:
@@ -129,8 +130,7 @@ def check_encoder_fits(encoder: str, obs_space: gym.Space) -> None:
                              "image's three; --encoder=auto gives it the MLP")
         if len(shape) < 2:
             continue
-        side = min(shape) if len(shape) == 2 else image_side(shape)
-        if encoder == NATURE_CNN and side < NATURE_CNN_MIN_SIZE:
+        if encoder == NATURE_CNN and image_side(shape) < NATURE_CNN_MIN_SIZE:
             raise SpaceError(f"--encoder=nature_cnn: the observation {key!r} of shape {shape} is under "
                              f"{NATURE_CNN_MIN_SIZE} pixels a side; small_cnn takes any size")
     if all(key_encoder(encoder, space) == MLP for space in spaces.values()):

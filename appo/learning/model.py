@@ -185,7 +185,7 @@ class Tanh(nn.Module):
     tanh, whose graph holds for any batch size."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.jit.is_tracing() or x.requires_grad or x.numel() < FAST_TANH_MIN_ELEMENTS or x.device.type != "cpu":
+        if x.requires_grad or x.numel() < FAST_TANH_MIN_ELEMENTS or x.device.type != "cpu" or torch.jit.is_tracing():
             return torch.tanh(x)
         return (x * 2).sigmoid_().mul_(2).sub_(1)
 
@@ -272,8 +272,7 @@ class SmallCnn(_ConvEncoder):
     8.4M weights, five times the Nature CNN's layer); the grids below that size keep their network."""
 
     def __init__(self, space: gym.spaces.Box, cfg):
-        shape = tuple(space.shape)
-        side = min(shape) if len(shape) == 2 else image_side(shape)
+        side = image_side(tuple(space.shape))
         convs = nn.Sequential(
             _conv(_in_channels(space), 32, 3, stride=1, padding=1), nn.ReLU(),
             _conv(32, 64, 3, stride=2, padding=1), nn.ReLU(),

@@ -115,12 +115,12 @@ class VectorStepper(EnvStepper):
         w = self.worker
         self.call_since[w], self.call_env[w] = time.monotonic(), s * self.envs_per_split
         self.call[w] = STEP  # written last: the runner may read at any moment
+        raised = False
         try:
             obs, rewards, terminated, truncated, info = self.vector_envs[s].step(
                 to_env_actions(self.action_space, actions))
-            self.episodes_ended += int(np.count_nonzero(terminated | truncated))
         except Exception:
-            obs = self._rebuild_vector(s)
+            obs, raised = self._rebuild_vector(s), True
             rewards, terminated, truncated, info = (np.zeros(self.envs_per_split), np.ones(self.envs_per_split, bool),
                                                     np.zeros(self.envs_per_split, bool), {})
         self.call[w] = NO_CALL
@@ -128,6 +128,8 @@ class VectorStepper(EnvStepper):
         ended_envs = np.flatnonzero(terminated | truncated)
         if not len(ended_envs):
             return rewards, obs, []
+        if not raised:
+            self.episodes_ended += len(ended_envs)
         codes = np.where(terminated[ended_envs], TERMINATED, TRUNCATED).tolist()
         ended = [(i, code, last_step_info(info, i) if info else {}) for i, code in zip(ended_envs.tolist(), codes)]
         return rewards, obs, ended
