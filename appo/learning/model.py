@@ -185,7 +185,8 @@ class Tanh(nn.Module):
     tanh, whose graph holds for any batch size."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.requires_grad or x.numel() < FAST_TANH_MIN_ELEMENTS or x.device.type != "cpu" or torch.jit.is_tracing():
+        # is_tracing first: under a trace, x.numel() is a traced value whose comparison warns
+        if torch.jit.is_tracing() or x.requires_grad or x.numel() < FAST_TANH_MIN_ELEMENTS or x.device.type != "cpu":
             return torch.tanh(x)
         return (x * 2).sigmoid_().mul_(2).sub_(1)
 
