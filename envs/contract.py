@@ -2,7 +2,9 @@
 and one random step, so that an env written for the old gym API, or one whose observations do not match its space,
 is one line naming the env and the call, not a worker's crash after start-up (or a hundred of them, each rebuilt).
 
-Only the form is checked: an env that raises here is left to the workers, which report it with their own handling.
+Only the form is checked, and only as strictly as the workers read it: an observation of its space's size in a shape
+numpy assigns to the space's (a leading axis of 1, say [1, 4] for (4,)) and a one-element terminated flag train as they
+always did. An env that raises here is left to the workers, which report it with their own handling.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def api_problem(env: gym.Env, action: Any) -> str | None:
     if np.ndim(reward) != 0 or np.asarray(reward).dtype.kind not in "biuf":
         return f"its step returned a reward of {_describe(reward)}, not a number"
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
-        if np.ndim(flag) != 0:
+        if np.size(flag) != 1:
             return f"its step returned {name} as {_describe(flag)}, not one bool"
     return _observation_problem(env.observation_space, observation, "step") or _info_problem(info, "step")
 
@@ -46,10 +48,22 @@ def _observation_problem(space: gym.Space, observation: Any, call: str) -> str |
                    f"{sorted(space.spaces)}"
         return next(filter(None, (_observation_problem(part, observation[key], call)
                                   for key, part in space.spaces.items())), None)
-    if isinstance(space, gym.spaces.Box) and np.shape(observation) != space.shape:
+    if isinstance(space, gym.spaces.Box) and not _stores_as(observation, space.shape):
         return (f"its {call} returned an observation of shape {np.shape(observation)}, where its observation_space "
                 f"says {space.shape}")
     return None
+
+
+def _stores_as(observation: Any, shape: tuple[int, ...]) -> bool:
+    """Whether the workers' write into a slot of `shape` (numpy assignment) takes `observation` element for element:
+    the same size (a scalar would broadcast over the slot), in a shape that assigns."""
+    if np.size(observation) != int(np.prod(shape)):
+        return False
+    try:
+        np.empty(shape)[...] = observation
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _info_problem(info: Any, call: str) -> str | None:

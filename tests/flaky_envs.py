@@ -136,18 +136,24 @@ class OffApiEnv(gym.Env):
     action_space = gym.spaces.Discrete(2)
 
     def __init__(self, kind: str):
-        self.kind = kind
+        self.kind, self.steps = kind, 0
 
     def reset(self, *, seed=None, options=None):
+        self.steps = 0
         obs = np.zeros(3, np.float32)
         return obs if self.kind == "old_reset" else (obs, {})
 
     def step(self, action):
-        obs = np.zeros(4 if self.kind == "shape" else 3, np.float32)
+        shapes = {"shape": (4,), "column": (3, 1), "leading_axis": (1, 3)}
+        obs = np.zeros(shapes.get(self.kind, (3,)), np.float32)
         reward = np.ones(1) if self.kind == "reward_array" else 1.0
+        self.steps += 1
+        terminated = self.steps == 10
+        if self.kind == "leading_axis":
+            terminated = np.array([terminated])  # one element: `if` reads it
         if self.kind == "old_step":
-            return obs, reward, False, {}
-        return obs, reward, False, False, [] if self.kind == "info_list" else {}
+            return obs, reward, terminated, {}
+        return obs, reward, terminated, False, [] if self.kind == "info_list" else {}
 
 
 def make_off_api(kind: str) -> OffApiEnv:

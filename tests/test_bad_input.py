@@ -87,6 +87,7 @@ def test_unknown_env_creates_nothing(tmp_path, env):
     ("old_step", "its step returned a tuple of 4, not gymnasium's 5 (observation, reward, terminated, truncated, "
                  "info)"),
     ("shape", "its step returned an observation of shape (4,), where its observation_space says (3,)"),
+    ("column", "its step returned an observation of shape (3, 1), where its observation_space says (3,)"),
     ("reward_array", "its step returned a reward of an array of shape (1,), not a number"),
     ("info_list", "its step returned info as a list, not a dict"),
 ])
@@ -99,6 +100,17 @@ def test_an_env_off_gymnasiums_api_is_one_line_at_launch_and_creates_nothing(tmp
     assert len(lines) == 1 and lines[0].startswith(f"error: --env=tests.flaky_envs:make_off_api: {expected}"), \
         result.stderr
     assert not os.path.exists(tmp_path / "exp")
+
+
+@pytest.mark.timeout(90)
+def test_an_env_the_workers_read_as_they_always_did_passes_the_launch_check(tmp_path):
+    """Observations of shape [1, 3] for a space of (3,) and a one-element terminated flag store and read as the space's
+    (numpy assignment, `if`): such envs trained before the launch check and still do."""
+    result = run(str(tmp_path), "--env=tests.flaky_envs:make_off_api", '--env_kwargs={"kind": "leading_axis"}',
+                 "--num_workers=1", "--num_envs_per_worker=2", "--train_for_env_steps=2000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = json.loads((tmp_path / "exp" / "result.json").read_text())
+    assert result["env_steps"] >= 2000 and result["stats"]["0"]["length"] == 10, result
 
 
 @pytest.mark.timeout(60)
