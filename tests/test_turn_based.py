@@ -167,6 +167,31 @@ def test_waiting_seats_make_no_samples_and_train_nothing(recompute_advantages):
         assert torch.equal(a, b)
 
 
+def test_the_iterations_start_log_probs_cost_a_forward_pass_over_the_moves_alone():
+    """--lr_schedule=kl_adaptive takes each trained step's log-probability under the weights an iteration starts with:
+    a forward pass over the moves that train, not over the waiting steps as well (half a two-seat game's steps)."""
+    env = make_env(TAKE_AWAY)
+
+    def rows_run_through_the_model(lr_schedule: str) -> tuple[int, int, int]:
+        cfg = make_config(num_agents=2, env=TAKE_AWAY, rollout=16, batch_size=32, num_envs_per_worker=1,
+                          worker_num_splits=1, num_workers=1, ppo_epochs=2, lr_schedule=lr_schedule)
+        traj, _ = filled_buffers(cfg, env, cfg.rollout)
+        tensors = BatchBuilder(cfg, traj, 0, torch.device("cpu"), masked=False, action_masks=True).build(
+            [0, 1], version=0, min_version=0, gamma=0.99).tensors
+        moves = int(tensors["policy_mask"].sum())
+        model = ActorCritic(env.observation_space, env.action_space, cfg)
+        rows, forward_sequence = [], model.forward_sequence
+        model.forward_sequence = lambda obs, *args: rows.append(len(obs["observation"])) or forward_sequence(obs, *args)
+        hp = Hyperparams.from_cfg(cfg)
+        steps = tensors["dones"].numel()
+        list(ppo_updates(model, make_optimizer(model, hp.learning_rate, cfg), cfg, hp, tensors))
+        return sum(rows), moves, steps
+
+    with_start, moves, steps = rows_run_through_the_model("kl_adaptive")
+    without_start, _, _ = rows_run_through_the_model("constant")
+    assert 0 < with_start - without_start <= moves < steps
+
+
 def test_a_feed_forward_learner_trains_on_the_moves_alone():
     """After GAE over each seat's moves, the batch the minibatches come from holds the moves whose return is known,
     one step each: about half the steps of a two-seat game."""

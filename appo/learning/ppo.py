@@ -301,13 +301,16 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     draws the minibatches for every rank, and each minibatch is shared out (`train_step`)."""
     model.update_obs_stats({key: obs[:, :-1] for key, obs in batch["obs"].items()})
     batch["bootstrap"] = bootstrap_values(model, batch)
-    if needs_start_log_probs(cfg):  # --proximal_policy=iteration is GAE only (appo/config/checks.py)
-        batch["start_log_probs"] = start_log_probs(model, cfg.recurrence, batch)
     acting, truncated = batch.pop("acting", None), batch.pop("truncated", None)
     trained, advantages, targets = batch, None, None
     if not cfg.with_vtrace:
         values = current_values(model, cfg.recurrence, batch) if cfg.recompute_advantages else batch["values"]
         trained, advantages, targets = advantages_and_targets(cfg, hp, batch, values, acting, truncated)
+    # Taken over the steps that train only: a turn-based game's waiting steps and a snapshot's seat, half or more of
+    # its batch, would cost a forward pass each and be read by nothing.
+    start = start_log_probs(model, cfg.recurrence, trained) if needs_start_log_probs(cfg) else None
+    if start is not None:  # --proximal_policy=iteration is GAE only (appo/config/checks.py)
+        trained["start_log_probs"] = start
     n = trained["rewards"].shape[0]
     num_minibatches = min(cfg.num_batches_per_iteration, n)
     for epoch in range(cfg.ppo_epochs):
@@ -323,6 +326,8 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
             batch["bootstrap"] = bootstrap_values(model, batch)
             values = current_values(model, cfg.recurrence, batch)
             trained, advantages, targets = advantages_and_targets(cfg, hp, batch, values, acting, truncated)
+            if start is not None:
+                trained["start_log_probs"] = start
         for mb_index in order.chunk(num_minibatches):
             mb = {name: select(tensor, mb_index) for name, tensor in trained.items()}
             yield epoch, train_step(model, optimizer, cfg, hp, mb, None if advantages is None else advantages[mb_index],
