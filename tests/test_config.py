@@ -253,7 +253,8 @@ def test_cfg_json_keeps_its_format_and_resumes(tmp_path):
     merged, notes = merge_resumed(given_cfg, given, old)
     assert (merged.num_workers, merged.learning_rate, merged.eval_episodes) == (3, 0.01, 10)
     assert merged.restart is False  # the saved --restart=True was for the run that saved it
-    assert notes == ["--learning_rate: 0.001 (saved) -> 0.01 (command line)"]
+    assert notes == ["--learning_rate: 0.001 (saved) -> 0.01 (command line)",
+                     "no_longer_a_flag=1 (saved) is no flag of this version: ignored"]
 
 
 # ---------------------------------------------------------------- views per role

@@ -243,10 +243,14 @@ def load_saved_cfg(path: str) -> dict[str, Any]:
 
 def merge_resumed(cfg: Config, given: set[str], saved: dict[str, Any]) -> tuple[Config, list[str]]:
     """Saved flags win unless given again on the command line; returns the merged cfg and override notes. A saved
-    --restart=True told the run that wrote cfg.json to start over, not this one: it is never taken over."""
+    --restart=True told the run that wrote cfg.json to start over, not this one: it is never taken over. A saved key
+    that is no flag here (a flag retired since, a newer version's, a hand edit's typo) is left out with a note, since
+    the resumed run trains without it."""
     merged = flag_values(cfg)
     notes = []
     for key, saved_value in saved.items():
+        if key not in merged:
+            notes.append(f"{key}={saved_value!r} (saved) is no flag of this version: ignored")
         if key not in merged or key == "restart":
             continue
         if key in given:
