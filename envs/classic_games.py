@@ -10,10 +10,12 @@ it returns a legal action.
   losses score higher), so games vary. It never loses.
 
 `play_games` plays whole games of the AEC env, the two players changing seats every game, and returns a `Record`
-from the first player's point of view. Measured with `python -m appo.versus` (pettingzoo 1.27):
+from the first player's point of view (on connect four with its one-move `Tactics`: wins taken, threats
+blocked). Measured with `python -m appo.versus` (pettingzoo 1.27):
 
     python -m appo.versus --game connect_four --first lookahead --second random --games 1000 --seed 0
-    connect_four lookahead vs random, 1000 games (seed 0): wins 965, draws 3, losses 32, win rate 0.965, illegal 0
+    connect_four lookahead vs random, 1000 games (seed 0): wins 965, draws 3, losses 32, win rate 0.965, illegal 0;
+    lookahead: wins taken 965 of 965, threats blocked 905 of 905
     python -m appo.versus --game tictactoe --first perfect --second random --games 1000 --seed 0
     tictactoe perfect vs random, 1000 games (seed 0): wins 863, draws 137, losses 0, win rate 0.863, illegal 0
     python -m appo.versus --game tictactoe --first perfect --second perfect --games 1000 --seed 0
@@ -27,7 +29,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -141,14 +143,42 @@ def tictactoe_perfect(observation: dict[str, np.ndarray], rng: np.random.Generat
 
 
 @dataclass(frozen=True)
+class Tactics:
+    """A connect four player's one-move tactics over its games: the positions where it could win at once, and took a
+    win; those where it could not but the opponent could win on its next move, and it blocked a column of that win.
+    What a one-step lookahead never misses, and what a trained policy's losses to it come from."""
+
+    wins_offered: int = 0
+    wins_taken: int = 0
+    threats: int = 0
+    blocks: int = 0
+
+    def after(self, observation: dict[str, np.ndarray], action: int) -> Tactics:
+        """These counts with the move `action` in `observation` (the mover's) added."""
+        legal, board = legal_actions(observation), read_board(observation)
+        wins = winning_columns(board, OWN, legal)
+        if wins:
+            return replace(self, wins_offered=self.wins_offered + 1, wins_taken=self.wins_taken + (action in wins))
+        threats = winning_columns(board, OPPONENT, legal)
+        if threats:
+            return replace(self, threats=self.threats + 1, blocks=self.blocks + (action in threats))
+        return self
+
+    def __str__(self) -> str:
+        return f"wins taken {self.wins_taken} of {self.wins_offered}, threats blocked {self.blocks} of {self.threats}"
+
+
+@dataclass(frozen=True)
 class Record:
     """Games from the first player's point of view. `illegal` counts the actions either player returned that the mask
-    did not allow (each replaced by a random legal move so that the game finished)."""
+    did not allow (each replaced by a random legal move so that the game finished); connect four counts the first
+    player's `tactics` too (other games leave them at 0)."""
 
     wins: int
     draws: int
     losses: int
     illegal: int
+    tactics: Tactics = field(default_factory=Tactics)
 
     @property
     def games(self) -> int:
@@ -191,6 +221,7 @@ def play_games(game: str, first: Player, second: Player, games: int, seed: int) 
     env = make_game_env(game)
     rng_first, rng_second, rng_fallback = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     wins = draws = losses = illegal = 0
+    tactics = Tactics()
     try:
         for k in range(games):
             env.reset(seed=seed + k)
@@ -204,12 +235,14 @@ def play_games(game: str, first: Player, second: Player, games: int, seed: int) 
                 if not _is_legal(action, observation["action_mask"]):
                     illegal += 1
                     action = random_player(observation, rng_fallback)
+                if game == "connect_four" and agent == seat_first:
+                    tactics = tactics.after(observation, int(action))
                 env.step(int(action))
             reward = env.rewards[seat_first]
             wins, draws, losses = wins + (reward > 0), draws + (reward == 0), losses + (reward < 0)
     finally:
         env.close()
-    return Record(wins=int(wins), draws=int(draws), losses=int(losses), illegal=illegal)
+    return Record(wins=int(wins), draws=int(draws), losses=int(losses), illegal=illegal, tactics=tactics)
 
 
 # The scripted players by name, with the games each plays.

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                        for name, opponent in opponents.items()}
             for name, record in records.items():
                 rates.setdefault((minutes, name), []).append(record.win_rate)
-            cells = " | ".join(f"{r.win_rate:.1%} ({r.wins}/{r.draws}/{r.losses})" for r in records.values())
+            cells = " | ".join(f"{r.win_rate:.1%} ({r.wins}/{r.draws}/{r.losses})"
+                               + (f"; {r.tactics}" if args.game == "connect_four" else "") for r in records.values())
             illegal = sum(r.illegal for r in records.values())
             print(f"| {os.path.basename(exp_dir.rstrip('/'))} | {seconds / 60:.1f} | v{version}, {env_steps:,} | "
                   f"{cells} | {illegal} |", flush=True)

@@ -10,6 +10,7 @@ from appo.envs.classic_games import (
     COLUMNS,
     ROWS,
     Record,
+    Tactics,
     connect_four_lookahead,
     landing_row,
     play_games,
@@ -159,6 +160,29 @@ def test_lookahead_beats_random_at_connect_four():
     # The record is the first player's: with the lookahead second, the same games read as losses.
     mirrored = play_games("connect_four", random_player, connect_four_lookahead, games=50, seed=4)
     assert mirrored.losses >= 45 and mirrored.win_rate <= 0.1
+
+
+def test_tactics_count_wins_taken_and_threats_blocked_on_hand_built_boards():
+    win_and_threat = connect_four_obs(own=[(5, 0), (5, 1), (5, 2)], opponent=[(5, 6), (4, 6), (3, 6)])
+    assert Tactics().after(win_and_threat, 3) == Tactics(wins_offered=1, wins_taken=1)
+    assert Tactics().after(win_and_threat, 6) == Tactics(wins_offered=1)  # the block is no win: a win was missed
+    threat = connect_four_obs(own=[(5, 0), (5, 1)], opponent=[(5, 4), (4, 4), (3, 4)])
+    assert Tactics().after(threat, 4) == Tactics(threats=1, blocks=1)
+    assert Tactics().after(threat, 0).after(threat, 4) == Tactics(threats=2, blocks=1)
+    quiet = connect_four_obs(own=[(5, 0)], opponent=[(5, 6)])
+    assert Tactics().after(quiet, 3) == Tactics()
+
+
+@needs_pettingzoo
+def test_play_games_counts_the_first_players_tactics():
+    """The lookahead takes every win and blocks every threat it meets; random play misses most."""
+    lookahead = play_games("connect_four", connect_four_lookahead, random_player, games=100, seed=5).tactics
+    assert lookahead.wins_offered > 50 and lookahead.wins_taken == lookahead.wins_offered
+    assert lookahead.threats > 5 and lookahead.blocks == lookahead.threats
+    random = play_games("connect_four", random_player, connect_four_lookahead, games=100, seed=5).tactics
+    assert random.wins_offered > 10 and random.wins_taken < 0.6 * random.wins_offered
+    assert random.threats > 50 and random.blocks < random.threats / 2
+    assert play_games("tictactoe", random_player, random_player, games=10, seed=5).tactics == Tactics()
 
 
 @needs_pettingzoo

@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     record = play_games(args.game, players[0], players[1], args.games, args.seed)
     print(f"{args.game} {args.first} vs {args.second}, {record.games} games (seed {args.seed}): wins {record.wins}, "
-          f"draws {record.draws}, losses {record.losses}, win rate {record.win_rate:.3f}, illegal {record.illegal}")
+          f"draws {record.draws}, losses {record.losses}, win rate {record.win_rate:.3f}, illegal {record.illegal}"
+          + (f"; {args.first}: {record.tactics}" if args.game == "connect_four" else ""))
     return 0
 
 
