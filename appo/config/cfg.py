@@ -251,7 +251,8 @@ def merge_resumed(cfg: Config, given: set[str], saved: dict[str, Any]) -> tuple[
     for key, saved_value in saved.items():
         if key not in merged:
             notes.append(f"{key}={saved_value!r} (saved) is no flag of this version: ignored")
-        if key not in merged or key == "restart":
+            continue
+        if key == "restart":
             continue
         if key in given:
             if merged[key] != saved_value:
