@@ -192,6 +192,28 @@ def test_the_iterations_start_log_probs_cost_a_forward_pass_over_the_moves_alone
     assert 0 < with_start - without_start <= moves < steps
 
 
+@pytest.mark.parametrize("use_rnn", [False, True])
+def test_a_batch_without_a_known_return_trains_nothing(use_rnn):
+    """A rollout of 2 steps in a two-seat game, a batch of the second seat's trajectory: it moves once, at the second
+    step, and its next turn lies in the next trajectory, so no move has a return yet. The iteration applies no update
+    (it crashed on the empty batch of moves)."""
+    cfg = make_config(num_agents=2, env=TAKE_AWAY, rollout=2, batch_size=2, num_envs_per_worker=1,
+                      worker_num_splits=1, num_workers=1, ppo_epochs=2, use_rnn=use_rnn)
+    env = make_env(TAKE_AWAY)
+    traj, _ = filled_buffers(cfg, env, cfg.rollout)
+    assert not traj.dones[:2, :2].any()  # the game goes on past the trajectory: a pile of 7 takes 4 moves or more
+    tensors = BatchBuilder(cfg, traj, 0, torch.device("cpu"), masked=False, action_masks=True).build(
+        [1], version=0, min_version=0, gamma=0.99).tensors
+    assert tensors["policy_mask"].tolist() == [[0.0, 1.0]]
+    model = ActorCritic(env.observation_space, env.action_space, cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    hp = Hyperparams.from_cfg(cfg)
+    updates = list(ppo_updates(model, make_optimizer(model, hp.learning_rate, cfg), cfg, hp, tensors))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    if not use_rnn:
+        assert updates == []  # no minibatch of moves to draw
+
+
 def test_a_feed_forward_learner_trains_on_the_moves_alone():
     """After GAE over each seat's moves, the batch the minibatches come from holds the moves whose return is known,
     one step each: about half the steps of a two-seat game."""

@@ -350,7 +350,11 @@ class RunningNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, x: Tensor) -> None:
+        """Fold the rows of x in; none (a minibatch whose moves have no known return yet) leaves the stats as they
+        were, where the mean of no rows would make them NaN."""
         x = x.reshape(-1, *self.mean.shape).float()
+        if x.shape[0] == 0:
+            return
         batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         total = self.count + batch_count
         delta = batch_mean - self.mean

@@ -306,12 +306,14 @@ def ppo_updates(model: ActorCritic, optimizer: torch.optim.Optimizer, cfg: Any, 
     if not cfg.with_vtrace:
         values = current_values(model, cfg.recurrence, batch) if cfg.recompute_advantages else batch["values"]
         trained, advantages, targets = advantages_and_targets(cfg, hp, batch, values, acting, truncated)
+    n = trained["rewards"].shape[0]
+    if n == 0:  # no step with a known return: a short --rollout of a turn-based game, where every move's next turn
+        return  # lies in the next trajectory
     # Taken over the steps that train only: a turn-based game's waiting steps and a snapshot's seat, half or more of
     # its batch, would cost a forward pass each and be read by nothing.
     start = start_log_probs(model, cfg.recurrence, trained) if needs_start_log_probs(cfg) else None
     if start is not None:  # --proximal_policy=iteration is GAE only (appo/config/checks.py)
         trained["start_log_probs"] = start
-    n = trained["rewards"].shape[0]
     num_minibatches = min(cfg.num_batches_per_iteration, n)
     for epoch in range(cfg.ppo_epochs):
         go_on = epoch == 0 or another_epoch is None or another_epoch()
