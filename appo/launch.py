@@ -31,6 +31,7 @@ from appo.config.cfg import (
     resolve,
     save_cfg,
 )
+from appo.config.checks import FLAG_CHECKS, validate
 from appo.envs import EnvError, EnvInfo, env_info
 from appo.envs.registry import noise_terminations, random_game_moves
 from appo.envs.vector import natively_vectorised, steps_batched, sub_env_step_seconds
@@ -61,7 +62,7 @@ BUDGET_FLAGS = ("train_for_env_steps", "train_for_seconds", "target_reward", "ta
 def main(argv: list[str] | None = None) -> int:
     """`python -m appo.train`, or a launcher's: the exit code (2: bad input, said in one line on stderr)."""
     try:
-        result = run(*parse_args(sys.argv[1:] if argv is None else argv))
+        result = run(*parse_args(sys.argv[1:] if argv is None else argv, FLAG_CHECKS))
     except (ConfigError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -77,7 +78,7 @@ def train(env: str, hooks: Hooks | None = None, **flags: Any) -> TrainResult:
     forks the workers. The 'appo' logger is set up for the run's terminal and log file while it runs, and put back as
     it was when it returns or raises, since the caller's process goes on."""
     with logger_restored():
-        return run(*parse_keywords({"env": env, **flags}), hooks)
+        return run(*parse_keywords({"env": env, **flags}, FLAG_CHECKS), hooks)
 
 
 @dataclass
@@ -169,7 +170,9 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     notes: list[str] = []
     extended: dict[str, tuple[Any, Any]] = {}  # budget flag -> (saved value, new value), when extending
     resuming = not cfg.restart and os.path.exists(os.path.join(exp_dir, "cfg.json"))
-    if resuming:
+    if not resuming:
+        validate(cfg)  # a resumed run's flags are validated once merged with its saved ones
+    else:
         saved = load_saved_cfg(os.path.join(exp_dir, "cfg.json"))
         cfg, notes = merge_resumed(cfg, given, saved)
         if cfg.with_pbt:
@@ -209,8 +212,9 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
         log.info("Restart: moved the old experiment %s aside to %s; starting over", exp_dir, aside)
     # --num_policies cannot change on resume
     initial_env_steps = resume_env_steps(exp_dir, cfg.num_policies) if resuming else [0] * cfg.num_policies
+    if extended or (resuming and "train_for_env_steps" in given):
+        check_extension(cfg, exp_dir, sum(initial_env_steps), finished=bool(extended))
     if extended:
-        check_extension(cfg, exp_dir, sum(initial_env_steps))
         os.remove(os.path.join(exp_dir, "done"))
         log.info("Extending the finished experiment %s: %s", exp_dir,
                  ", ".join(f"--{flag}={old} -> {new}" for flag, (old, new) in extended.items()))

@@ -164,10 +164,10 @@ def check_ray_address(address: str) -> None:
                           "started with 'ray start --head'?") from exc
 
 
-def check_extension(cfg: Config, exp_dir: str, env_steps: int) -> None:
-    """A finished run given a new budget must have steps left to train: a --train_for_env_steps at or below the
-    env steps it already has would stop it again at once."""
+def check_extension(cfg: Config, exp_dir: str, env_steps: int, finished: bool) -> None:
+    """A resumed run given a new --train_for_env_steps must have steps left to train: one at or below the env steps
+    it already has would stop it at once, and mark it done."""
     if env_steps >= cfg.train_for_env_steps:
-        raise ConfigError(f"--train_for_env_steps={cfg.train_for_env_steps}: the finished experiment {exp_dir} "
-                          f"already has {env_steps} env steps; to train it further give --train_for_env_steps above "
-                          f"{env_steps}")
+        raise ConfigError(f"--train_for_env_steps={cfg.train_for_env_steps}: the {'finished ' if finished else ''}"
+                          f"experiment {exp_dir} already has {env_steps} env steps; to train it further give "
+                          f"--train_for_env_steps above {env_steps}")

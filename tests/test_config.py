@@ -24,7 +24,7 @@ from appo.config.cfg import (
     save_cfg,
     saved_config,
 )
-from appo.config.checks import TRACKERS, validate
+from appo.config.checks import FLAG_CHECKS, TRACKERS, validate
 from appo.config.flags import COMMAND_LINE_ONLY, FLAG_NAMES, spec, value_type
 from appo.config.hyperparams import MUTABLE, Hyperparams
 from appo.config.views import ROLE_VIEWS, ActorConfig, EvaluatorConfig, InferenceConfig, LearnerConfig, RunnerConfig
@@ -236,6 +236,24 @@ def test_cfg_json_saved_before_minibatch_unit_resumes_on_the_minibatches_it_trai
         path.write_text(json.dumps(saved | {"shuffle_steps": shuffled}))
         assert load_saved_cfg(str(path))["minibatch_unit"] == unit
         assert merge_resumed(cfg, set(), load_saved_cfg(str(path)))[0].minibatch_unit == unit
+
+
+def test_a_resumed_runs_flags_are_checked_together_with_its_saved_ones(tmp_path):
+    """The command line of a resumed run is checked across flags once its saved ones are merged in: --recurrence=4
+    alone on a recurrent run resumes (it was refused for want of --use_rnn=True, which cfg.json holds), where the
+    same flag on a new feed-forward run is refused and writes nothing."""
+    from appo.launch import prepare  # the launch's imports (envs, spaces) are not this module's
+
+    def args(experiment: str, *flags: str) -> list[str]:
+        return [f"--train_dir={tmp_path}", f"--experiment={experiment}", "--env=CartPole-v1", *flags]
+
+    prepare(*parse_args(args("rnn", "--use_rnn=True", "--rollout=16"), FLAG_CHECKS))
+    cfg, _, notes, _ = prepare(*parse_args(args("rnn", "--recurrence=4"), FLAG_CHECKS))
+    assert (cfg.use_rnn, cfg.rollout, cfg.recurrence) == (True, 16, 4)
+    assert notes == ["--recurrence: 16 (saved) -> 4 (command line)"]
+    with pytest.raises(ConfigError, match=r"^--recurrence=4 needs --use_rnn=True"):
+        prepare(*parse_args(args("feed_forward", "--recurrence=4"), FLAG_CHECKS))
+    assert not (tmp_path / "feed_forward").exists()
 
 
 def test_cfg_json_keeps_its_format_and_resumes(tmp_path):

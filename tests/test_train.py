@@ -134,6 +134,13 @@ def test_interrupt_saves_and_resume_continues(trainer):
     saved_version, saved_steps = parse_name(latest_checkpoint(checkpoint_dir(exp_dir, 0)))
     assert saved_version >= 10 and saved_steps > 0
 
+    # A budget it has passed would stop it at once and mark it done: refused, as for a finished run.
+    too_low = trainer.run(*args, f"--train_for_env_steps={saved_steps}")
+    assert too_low.returncode == 2, too_low.stdout + too_low.stderr
+    assert too_low.stderr.strip() == f"error: --train_for_env_steps={saved_steps}: the experiment {exp_dir} already " \
+        f"has {saved_steps} env steps; to train it further give --train_for_env_steps above {saved_steps}"
+    assert not os.path.exists(os.path.join(exp_dir, "done"))
+
     result = trainer.run(*args, f"--train_for_env_steps={saved_steps + 20000}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "resumed from" in result.stdout and f"(version {saved_version}, {saved_steps} env steps)" in result.stdout

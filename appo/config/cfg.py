@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from appo.config.checks import (
+    CHECKS,
     ConfigError,
     check_batched_sampling,
     env_kwargs,
@@ -131,9 +132,9 @@ def given_flags(options: Iterable[str]) -> set[str]:
     return {names.get(option, option) for option in options}
 
 
-def checked_config(values: dict[str, Any]) -> Config:
-    """The validated `Config` of these flag values, Sample Factory's spellings turned into ours (--restart_behavior
-    into --restart, --device=gpu into cuda)."""
+def checked_config(values: dict[str, Any], checks: tuple = CHECKS) -> Config:
+    """The `Config` of these flag values validated by `checks` (all of them unless given), Sample Factory's spellings
+    turned into ours (--restart_behavior into --restart, --device=gpu into cuda)."""
     behavior = values.pop("restart_behavior", None)
     if behavior is not None:
         if behavior not in RESTART_BEHAVIORS:  # a keyword: the parser has checked the command line's
@@ -142,15 +143,17 @@ def checked_config(values: dict[str, Any]) -> Config:
     if values.get("device") == "gpu":
         values["device"] = "cuda"
     cfg = Config(**values)
-    validate(cfg)
+    validate(cfg, checks)
     return cfg
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Config, set[str]]:
-    """The command line as a validated `Config` (not yet resolved), and the names of the flags given on it."""
+def parse_args(argv: list[str] | None = None, checks: tuple = CHECKS) -> tuple[Config, set[str]]:
+    """The command line as a `Config` validated by `checks` (not yet resolved), and the names of the flags given on
+    it."""
     argv = sys.argv[1:] if argv is None else argv
     values = vars(build_parser().parse_args(argv))
-    return checked_config(values), given_flags(token[2:].split("=", 1)[0] for token in argv if token.startswith("--"))
+    given = given_flags(token[2:].split("=", 1)[0] for token in argv if token.startswith("--"))
+    return checked_config(values, checks), given
 
 
 def keyword_value(name: str, value: Any) -> Any:
@@ -169,7 +172,7 @@ def keyword_value(name: str, value: Any) -> Any:
     return value
 
 
-def parse_keywords(flags: dict[str, Any]) -> tuple[Config, set[str]]:
+def parse_keywords(flags: dict[str, Any], checks: tuple = CHECKS) -> tuple[Config, set[str]]:
     """Python keywords (`train(env="CartPole-v1", use_rnn=True)`) as a validated `Config` (not yet resolved) and the
     names of the flags given: what `parse_args` makes of the same flags on the command line, with the same checks
     and error lines (but for a value of the wrong type or choice, which argparse words its own way on the command
@@ -180,7 +183,7 @@ def parse_keywords(flags: dict[str, Any]) -> tuple[Config, set[str]]:
         raise ConfigError(f"unrecognized arguments: {' '.join(unknown)} (see --help)")  # as argparse says it
     values = {OPTIONS[option]: value if option in COMMAND_LINE_ONLY else keyword_value(OPTIONS[option], value)
               for option, value in flags.items()}
-    return checked_config(values), given_flags(flags)
+    return checked_config(values, checks), given_flags(flags)
 
 
 # ---------------------------------------------------------------- values that depend on the env

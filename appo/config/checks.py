@@ -302,7 +302,12 @@ CHECKS = (check_each_flag, check_ray_installed, check_serial_mode, check_inferen
           wandb_tags)  # --wandb_tags parses to a list of tags
 
 
-def validate(cfg: Any) -> None:
-    """Every check, in order; the first problem raises `ConfigError`."""
-    for check in CHECKS:
+# The checks of one flag's own value. A resumed run's command line gets these alone before its saved flags are merged
+# in: the checks across flags judge the merged ones (`merge_resumed`), where the saved --use_rnn allows --recurrence.
+FLAG_CHECKS = (check_each_flag, env_kwargs, check_encoder, check_action_mask, check_experiment_name, wandb_tags)
+
+
+def validate(cfg: Any, checks: tuple[Callable[[Any], Any], ...] = CHECKS) -> None:
+    """Every check (or those of `checks`), in order; the first problem raises `ConfigError`."""
+    for check in checks:
         check(cfg)
