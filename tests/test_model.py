@@ -375,6 +375,20 @@ def test_symmetric_kl_is_zero_at_prior_and_positive_elsewhere():
     assert shifted.symmetric_kl_to_prior().item() == pytest.approx(2.0 - 0.25, rel=1e-5)
 
 
+def test_obs_statistics_stay_finite_for_huge_observations_and_unchanged_by_no_rows():
+    """Observations of 1e30 square past float32: the variance was inf, every later weight NaN, and the run ended
+    'completed' without a checkpoint. No rows at all (a minibatch without a known return) change nothing."""
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), make_cfg(normalize_input=True))
+    norm = model.obs_norms["obs"]
+    for _ in range(3):
+        model.update_obs_stats({"obs": torch.randn(64, 3) * 1e30})
+    assert torch.isfinite(norm.mean).all() and torch.isfinite(norm.var).all()
+    assert torch.isfinite(model.forward_step({"obs": torch.randn(5, 3) * 1e30}, torch.zeros(5, 1))[1]).all()
+    before = [norm.mean.clone(), norm.var.clone(), norm.count.clone()]
+    norm.update(torch.zeros(0, 3))
+    assert all(torch.equal(a, b) for a, b in zip(before, (norm.mean, norm.var, norm.count)))
+
+
 def test_obs_normalisation_travels_with_the_weights():
     """Inference normalises exactly as the learner does: the running stats are published with the weights."""
     cfg = make_cfg(normalize_input=True)

@@ -333,6 +333,9 @@ def encoder_factory(name: str, space: gym.spaces.Box) -> Callable[[gym.spaces.Bo
     raise ValueError(f"--encoder={name}: unknown; use {AUTO}, {', '.join(encoders)} or package.module:factory")
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 class RunningNorm(nn.Module):
     """Running mean/std of an observation key or of the value targets, kept as buffers so they travel
     with the weights.
@@ -362,6 +365,9 @@ class RunningNorm(nn.Module):
         self.var.copy_((self.var * self.count + batch_var * batch_count + delta.pow(2) * self.count * batch_count
                         / total) / total)
         self.count.copy_(total)
+        # Values past 1.8e19 square past float32: kept finite, such inputs normalise to the clip, not to NaN weights.
+        self.mean.clamp_(-FLOAT32_MAX, FLOAT32_MAX)
+        self.var.clamp_(max=FLOAT32_MAX)
 
     def std(self) -> Tensor:
         return torch.sqrt(self.var + 1e-8)
