@@ -1,5 +1,6 @@
 """End-to-end runs of the real trainer (processes, shared memory, queues), each well under a minute."""
 
+import json
 import os
 import pathlib
 import re
@@ -110,6 +111,22 @@ def test_workers_die_with_the_main_process_and_its_segment_is_removed_next_time(
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Removed 1 shared-memory segments left by runs whose main process died" in result.stdout
     assert not segments & shm_entries()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_random_steps_that_spread_the_envs_make_no_episode(trainer, batched):
+    """--decorrelate_envs_on_one_worker walks each env a random number of steps before training: the episode it ends
+    in began uncounted, and was reported as one of 149 or 160 steps of Pendulum's 200 with a partial return."""
+    exp = f"spread_{batched}"
+    result = trainer.run("--env=Pendulum-v1", f"--experiment={exp}", "--num_workers=1", "--num_envs_per_worker=4",
+                         f"--batched_sampling={batched}", "--decorrelate_envs_on_one_worker=True",
+                         "--train_for_env_steps=6000", "--seed=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(os.path.join(trainer.train_dir, exp, "episodes.json")) as f:
+        episodes = json.load(f)["policies"][0]
+    assert episodes["total"] >= 20 and {length for _, length in episodes["recent"]} == {200}
 
 
 @pytest.mark.timeout(90)

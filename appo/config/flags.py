@@ -166,7 +166,8 @@ class RunFlags:
                                                      "workers do not move in lockstep.")
     decorrelate_envs_on_one_worker: bool = flag(True, SAMPLING,
                                                 "Take random actions for a random number of steps after the first "
-                                                "reset of each env.")
+                                                "reset of each env. The episode those steps end in is not reported "
+                                                "(its return and length would be partial).")
     set_workers_cpu_affinity: bool = flag(False, SAMPLING,
                                           "Pin each actor worker to one CPU core (round robin). Off by default: with "
                                           "more workers than cores, pinned actors cannot move to a free core when "

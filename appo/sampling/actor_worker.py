@@ -178,6 +178,7 @@ class ActorWorker(WorkerRole):
         self.players.start(s)
         self._use_slots(s, slots)
         self._write_obs(s, 0, self.stepper.first_observations(s))
+        self.episodes.midway[s] = self.stepper.midway[s]
         self.traj.rnn_states[slots, 0] = 0.0
         for i, env in enumerate(self.stepper.envs[s] if self.players.shaping_keys else ()):
             self.players.shape(s, i, env)

@@ -55,6 +55,9 @@ class EnvStepper:
         self.errors = 0  # env calls that raised since the last `take_errors`
         self.errors_seen: set[str] = set()  # distinct errors already logged with their traceback
         self.errors_in_all = self.episodes_ended = 0  # since the worker started: errors, episodes the envs ended
+        # [split, env]: the env's episode began in the random steps of --decorrelate_envs_on_one_worker, whose
+        # rewards nobody counted, so its end is no whole episode's return or length (EpisodeTracker skips it).
+        self.midway = np.zeros((self.num_splits, self.envs_per_split), dtype=bool)
 
     def make_envs(self) -> None:
         self.envs = [[self._make(s, i) for i in range(self.envs_per_split)] for s in range(self.num_splits)]
@@ -96,17 +99,21 @@ class EnvStepper:
         """With --decorrelate_envs_on_one_worker the env first makes a random number of random steps; one of them
         that raises is an env error like any other (counted, the env rebuilt), so a flaky env starts."""
         obs, _ = env.reset(seed=self._env_seed(s, i))
+        self.midway[s, i] = False
         if self.cfg.decorrelate_envs_on_one_worker:
             max_steps = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
             env.action_space.seed(int(self.rng.integers(2**31)))
             try:
                 for _ in range(int(self.rng.integers(0, max_steps // 2 + 1))):
+                    self.midway[s, i] = True
                     obs, _, terminated, truncated, _ = env.step(self._random_actions(env, obs))
                     if terminated or truncated:
                         obs, _ = env.reset()
+                        self.midway[s, i] = False
                         break
             except Exception:
                 obs = self._rebuild(s, i)
+                self.midway[s, i] = False
         return obs
 
     def _random_actions(self, env: gym.Env, obs):

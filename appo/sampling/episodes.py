@@ -46,6 +46,9 @@ class EpisodeTracker:
         # [split, env]: the env has ended an episode since this worker started (see `every_env_ended`).
         self.ended_once = np.zeros((layout.num_splits, n // self.num_agents), dtype=bool)
         self.all_ended_once = False
+        # [split, env]: the env's current episode began before its rewards were counted (the stepper's `midway`):
+        # its end restarts the count and records nothing.
+        self.midway = np.zeros_like(self.ended_once)
 
     def add_rewards(self, s: int, rewards: list[float]) -> list[float]:
         """Count one step of split s with its rewards (one per env-agent); returns the rewards to store.
@@ -93,6 +96,11 @@ class EpisodeTracker:
         if true_score is None and getattr(env, "reports_true_episode_reward", False):
             return  # a life lost, not a game over: keep counting the game's return and length
         a, policies, returns, starts = self.num_agents, self.agent_policy[s], self.returns[s], self.starts[s]
+        if self.midway[s, i]:
+            self.midway[s, i] = False
+            for j in range(i * a, (i + 1) * a):
+                returns[j], starts[j] = 0.0, self.steps[s]
+            return
         objective = info.get("true_objective")
         per_agent = isinstance(objective, (list, tuple, np.ndarray))  # a game's score (Doom: frags), else the return
         scores = []
@@ -125,6 +133,10 @@ class EpisodeTracker:
             return
         index = np.asarray(ended)
         returns, starts = self.returns[s], self.starts[s]
+        midway = self.midway[s, index]
+        if midway.any():  # sub-envs ended one agent each: env i's return is returns[i]
+            returns[index[midway]], starts[index[midway]], self.midway[s, index] = 0.0, self.steps[s], False
+            index = index[~midway]
         rewards, lengths = returns[index].tolist(), (self.steps[s] - starts[index]).tolist()
         by_return = self.cfg.pbt_target_objective == "true_objective"  # the objective: the return, else none
         self.episodes += [EpisodeEnd(policy, reward, length, reward if by_return else None, {})

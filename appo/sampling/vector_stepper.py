@@ -87,14 +87,17 @@ class VectorStepper(EnvStepper):
         self._calling(RESET, s * self.envs_per_split)
         env = self.vector_envs[s]
         obs, _ = env.reset(seed=self._env_seed(s, 0))
+        self.midway[s] = False
         if self.cfg.decorrelate_envs_on_one_worker:
             actions = batch_space(env.single_action_space, self.envs_per_split)
             actions.seed(int(self.rng.integers(2**31)))
             try:  # as in the per-env path: a step that raises is an env error, counted, the env rebuilt
                 for _ in range(int(self.rng.integers(0, self._max_episode_steps(env) // 2 + 1))):
                     obs = env.step(actions.sample())[0]
+                    self.midway[s] = True  # every sub-env: one that ended restarted within the random steps
             except Exception:
                 obs = self._rebuild_vector(s)
+                self.midway[s] = False
         self._calling(NO_CALL, 0)
         return obs
 
