@@ -225,6 +225,12 @@ def test_normalize_respects_mask():
     assert out[:2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-6)
 
 
+def test_normalize_keeps_a_single_value():
+    """One advantage normalised is 0: a minibatch of one move trained its policy on nothing."""
+    assert losses.normalize(torch.tensor([2.5])).tolist() == [2.5]
+    assert losses.normalize(torch.tensor([2.5, 7.0]), torch.tensor([1.0, 0.0]))[0].item() == 2.5
+
+
 @pytest.mark.parametrize("bootstrap_truncated", [True, False])
 def test_shaped_rewards_scale_clip_and_credit_the_value_at_a_time_limit(bootstrap_truncated):
     rewards = torch.tensor([[1.0, -30.0, 5.0, 2.0]])

@@ -130,6 +130,9 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, targets: Tensor, clip
 
 
 def normalize(x: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """x (where `mask` is 1) to mean 0 and std 1. A single value is kept as it is: normalised it would be 0, and a
+    minibatch of one move would train its policy on nothing (decided on the device, no host sync)."""
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean).pow(2), mask)
-    return (x - mean) / (var.sqrt() + eps)
+    count = x.new_tensor(x.numel()) if mask is None else mask.sum()
+    return torch.where(count > 1, (x - mean) / (var.sqrt() + eps), x)
