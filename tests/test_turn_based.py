@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from appo.config.cfg import make_config
+from appo.config.cfg import ConfigError, make_config, parse_args, resolve
 from appo.config.hyperparams import Hyperparams
 from appo.envs import make_env
 from appo.envs.action_masks import NoLegalAction
@@ -212,6 +212,15 @@ def test_a_batch_without_a_known_return_trains_nothing(use_rnn):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     if not use_rnn:
         assert updates == []  # no minibatch of moves to draw
+
+
+def test_a_rollout_shorter_than_the_seats_is_refused_for_a_turn_based_game():
+    """--rollout=1 in a two-seat game trained only the moves that ended a game: no other has its seat's next turn in
+    the trajectory. One line at launch; a rollout of as many steps as seats trains half the moves."""
+    with pytest.raises(ConfigError, match=r"^--rollout=1: a move of a game of 2 seats .* use --rollout=2 or more"):
+        resolve(parse_args([f"--env={TAKE_AWAY}", "--rollout=1", "--batch_size=8"])[0], 2, turn_based=True)
+    assert resolve(parse_args(["--env=CartPole-v1", "--rollout=1", "--batch_size=8"])[0], 1).rollout == 1
+    assert resolve(parse_args([f"--env={TAKE_AWAY}", "--rollout=2", "--batch_size=8"])[0], 2, turn_based=True)
 
 
 def test_a_feed_forward_learner_trains_on_the_moves_alone():

@@ -207,6 +207,10 @@ def resolve(flags: Config | argparse.Namespace, num_agents: int = 1, turn_based:
     if cfg.random_opening_moves and not turn_based:
         raise ConfigError(f"--random_opening_moves={cfg.random_opening_moves}: only a turn-based game (a PettingZoo "
                           f"AEC env) has openings to play, and --env={cfg.env} is not one; use 0")
+    if turn_based and cfg.rollout < num_agents:
+        raise ConfigError(f"--rollout={cfg.rollout}: a move of a game of {num_agents} seats trains once its seat's "
+                          "next turn is in the same trajectory, which it never is in fewer steps than seats (only "
+                          f"the game's last move would train); use --rollout={num_agents} or more (default 32)")
     check_batched_sampling(cfg, num_agents)
     if per_episode and cfg.agent_policy_mapping == "split":
         raise ConfigError("--agent_policy_mapping=split gives each split one policy for the whole run; "
