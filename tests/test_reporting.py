@@ -98,6 +98,23 @@ def module(name: str):
     return loaded
 
 
+def test_an_objective_no_episode_reports_is_said_once_every_policy_has_a_window(tmp_path):
+    """--pbt_target_objective naming a value the env's info never holds: PBT never acts, and the status line said
+    'no episodes yet' for the whole run."""
+    reports, _ = make_reports(tmp_path, "--with_pbt=True", "--pbt_target_objective=kills")
+    for p in (0, 1):
+        reports.on_learner(learner_report(reports, p, 1))
+    reports.hyperparams = [{"learning_rate": 1e-3}] * 2
+    reports.on_actor(episodes(0, [1.0] * 100))
+    reports.on_actor(episodes(1, [1.0] * 99))
+    assert "PBT objective: no episodes yet" in reports.status_line()
+    reports.on_actor(episodes(1, [1.0]))
+    status = reports.status_line()
+    assert_fits(status)
+    assert "PBT objective: none of 200 episodes reported --pbt_target_objective=kills" in status, status
+    assert "PBT cannot rank the policies" in status
+
+
 @pytest.mark.parametrize("policies", [2, 4])
 def test_every_line_fits_with_faults_pbt_and_large_numbers(tmp_path, policies):
     reports, clock = make_reports(tmp_path, "--with_pbt=True", "--train_for_env_steps=9000000000", policies=policies)

@@ -27,7 +27,7 @@ class StatusText:
         if tally.cluster.report is not None:
             lines += self._cluster_lines()
         if tally.hyperparams is not None:
-            lines += fit([self._population_text()], indent="  ")
+            lines += fit(self._population_pieces(), indent="  ")
         if tally.ratings is not None:
             for parts in tally.ratings.status_pieces(self.cfg.num_policies):  # a line (or two) per policy
                 lines += fit([f"ratings: {parts[0]}", *parts[1:]], indent="  ")
@@ -110,16 +110,22 @@ class StatusText:
         pieces = text.split(";")
         return fit([f"{piece};" for piece in pieces[:-1]] + pieces[-1:], indent="  ")
 
-    def _population_text(self) -> str:
-        """The population's best and worst objective, over whatever episodes each policy has so far."""
+    def _population_pieces(self) -> list[str]:
+        """The population's best and worst objective, over whatever episodes each policy has so far (pieces for
+        `fit`). Episodes that never report --pbt_target_objective (a name the env's info does not hold) say so."""
         if self.cfg.elo_objective:
-            return "PBT objective: Elo (ratings below)"
+            return ["PBT objective: Elo (ratings below)"]
         means = {p: self.numbers.mean_objective(p) for p in range(self.cfg.num_policies)}
         means = {p: mean for p, mean in means.items() if mean is not None}
         if not means:
-            return "PBT objective: no episodes yet"
+            episodes = [self.tally.policies[p].episodes.total for p in range(self.cfg.num_policies)]
+            if min(episodes) < self.cfg.stats_avg:
+                return ["PBT objective: no episodes yet"]
+            return [f"PBT objective: none of {sum(episodes)} episodes reported --pbt_target_objective="
+                    f"{self.cfg.pbt_target_objective}", " (their last step's info, its episode_extra_stats)",
+                    ": PBT cannot rank the policies"]
         best, worst = max(means, key=means.get), min(means, key=means.get)
-        return f"PBT objective best {means[best]:.3f} (p{best}) worst {means[worst]:.3f} (p{worst})"
+        return [f"PBT objective best {means[best]:.3f} (p{best}) worst {means[worst]:.3f} (p{worst})"]
 
     def summary(self, checkpoints: list[str | None]) -> str:
         """The run at its end: time, env steps, and per policy the final mean reward (last --stats_avg episodes),
