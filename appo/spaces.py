@@ -25,7 +25,12 @@ MASK_KEY = "action_mask"
 
 
 class SpaceError(TypeError):
-    """A space the trainer cannot represent; the message names it and what is supported."""
+    """A space the trainer cannot represent; the message names it and what is supported, on one line (the launch's
+    one error line), though a space holding a numpy array of two axes prints over several: MultiDiscrete([[2 3] [4 5]])
+    here."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
 
 
 def obs_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:
@@ -181,8 +186,8 @@ def action_spec(space: gym.Space) -> list[tuple[str, int]]:
         return [("gaussian", int(math.prod(space.shape)))]
     if isinstance(space, gym.spaces.Tuple):
         return [part for sub in space.spaces for part in action_spec(sub)]
-    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, MultiBinary, Box or a Tuple of "
-                     "them")
+    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete of one axis, MultiBinary, Box or "
+                     "a Tuple of them")
 
 
 def gaussian_box(space: gym.Space) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,8 @@ is one line naming the env and the call, not a worker's crash after start-up (or
 
 Only the form is checked, and only as strictly as the workers read it: an observation of its space's size in a shape
 numpy assigns to the space's (a leading axis of 1, say [1, 4] for (4,)) and a one-element terminated flag train as they
-always did. An env that raises here is left to the workers, which report it with their own handling.
+always did. A reset or step that raises here is said in one line too ("its reset raised RuntimeError: ..."); the
+check is run within a time limit (appo.envs.registry.within), and an env slower than that is left to the workers.
 """
 
 from __future__ import annotations
@@ -21,29 +22,35 @@ OLD_GYM = "an env of the old gym API can be wrapped with shimmy's GymV26Compatib
 def api_problem(env: gym.Env, action: Any) -> str | None:
     """What in the env's reset and step (with `action`) departs from gymnasium's API, in a few words; None when
     nothing does."""
-    returned = env.reset(seed=0)
+    try:
+        returned = env.reset(seed=0)
+    except Exception as exc:
+        return f"its reset raised {raised(exc)}"
     if not (isinstance(returned, tuple) and len(returned) == 2):
-        return f"its reset returned {_describe(returned)}, not gymnasium's (observation, info); {OLD_GYM}"
+        return f"its reset returned {describe(returned)}, not gymnasium's (observation, info); {OLD_GYM}"
     problem = _observation_problem(env.observation_space, returned[0], "reset") or _info_problem(returned[1], "reset")
     if problem:
         return problem
-    returned = env.step(action)
+    try:
+        returned = env.step(action)
+    except Exception as exc:
+        return f"its step raised {raised(exc)}"
     if not (isinstance(returned, tuple) and len(returned) == 5):
-        return (f"its step returned {_describe(returned)}, not gymnasium's 5 (observation, reward, terminated, "
+        return (f"its step returned {describe(returned)}, not gymnasium's 5 (observation, reward, terminated, "
                 f"truncated, info); {OLD_GYM}")
     observation, reward, terminated, truncated, info = returned
     if np.ndim(reward) != 0 or np.asarray(reward).dtype.kind not in "biuf":
-        return f"its step returned a reward of {_describe(reward)}, not a number"
+        return f"its step returned a reward of {describe(reward)}, not a number"
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if np.size(flag) != 1:
-            return f"its step returned {name} as {_describe(flag)}, not one bool"
+            return f"its step returned {name} as {describe(flag)}, not one bool"
     return _observation_problem(env.observation_space, observation, "step") or _info_problem(info, "step")
 
 
 def _observation_problem(space: gym.Space, observation: Any, call: str) -> str | None:
     if isinstance(space, gym.spaces.Dict):
         if not isinstance(observation, Mapping) or set(observation) != set(space.spaces):
-            keys = sorted(observation) if isinstance(observation, Mapping) else _describe(observation)
+            keys = sorted(observation) if isinstance(observation, Mapping) else describe(observation)
             return f"its {call} returned an observation of keys {keys}, where its observation_space has " \
                    f"{sorted(space.spaces)}"
         return next(filter(None, (_observation_problem(part, observation[key], call)
@@ -67,10 +74,11 @@ def _stores_as(observation: Any, shape: tuple[int, ...]) -> bool:
 
 
 def _info_problem(info: Any, call: str) -> str | None:
-    return None if isinstance(info, Mapping) else f"its {call} returned info as {_describe(info)}, not a dict"
+    return None if isinstance(info, Mapping) else f"its {call} returned info as {describe(info)}, not a dict"
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """A value an env's call returned, in a few words, for a message that says why it is not what was expected."""
     if value is None:
         return "None"
     if isinstance(value, tuple):
@@ -78,3 +86,9 @@ def _describe(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"an array of shape {value.shape}"
     return f"a {type(value).__name__}"
+
+
+def raised(exc: BaseException) -> str:
+    """What an env raised, in one line: the exception's type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

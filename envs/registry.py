@@ -7,7 +7,8 @@ Resolution order:
    batched, many sub-envs per call);
    names registered with `register_env(name, make_fn)` (the built-in synthetic and multi-agent envs
    are registered on import of `envs`; user code can add its own);
-2. `package.module:function` where `function` is a callable in that module: it is called to make the env.
+2. `package.module:function` where `function` is a callable in that module (a function, or a class such as a
+   `gymnasium.Env` subclass): it is called with `--env_kwargs` to make the env; it must return an env.
    A PettingZoo `ParallelEnv` it returns (duck-typed: `possible_agents` and per-agent `observation_space(agent)`)
    is wrapped in `appo.envs.pettingzoo_env.PettingZooEnv`, one seat per possible agent, so PettingZoo's own make
    functions work as they are: `--env=mpe2.simple_spread_v3:parallel_env --env_kwargs='{"max_cycles": 25}'`
@@ -16,6 +17,10 @@ Resolution order:
    `--env=pettingzoo.classic.connect_four_v3:env`) is wrapped in `appo.envs.pettingzoo_turns.TurnBasedEnv`;
 3. anything `gymnasium.make` accepts, including `package.module:EnvName-v0`, for which gymnasium imports
    `package.module` (which registers the env) first.
+
+At launch the env is made for the first time in the main process (`env_info`): an exception its module, its make
+function or its first reset and step raise is then one line naming `--env`, not a traceback; the workers, which make
+and step it later, handle what it raises with their own restarts.
 
 `--env_kwargs` (a JSON object) is passed to the make function or to `gymnasium.make`. Observations of routes 2 and 3
 that are not a Box or a Dict of Boxes (Taxi's Discrete state, Blackjack's Tuple) are turned into ones
@@ -27,6 +32,7 @@ name the same way.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import signal
 import threading
@@ -38,7 +44,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from appo.envs.contract import api_problem
+from appo.envs.contract import api_problem, describe, raised
 from appo.spaces import MASK_KEY, SpaceError, gaussian_box, initial_stds, mask_size
 from appo.utils.logs import log
 
@@ -70,9 +76,13 @@ def register_env(name: str, make_fn: Callable[..., gym.Env]) -> None:
 
 
 def _module_function(env_id: str) -> Callable[..., gym.Env] | None:
+    """The callable that `package.module:function` names (route 2 of the module docstring); None where the name is
+    one for gymnasium (`package.module:EnvName-v0`, or an id the module registers)."""
     if ":" not in env_id:
         return None
     module_name, attribute = env_id.split(":", 1)
+    if not module_name:
+        raise EnvError(f"--env={env_id}: no module before ':'; use 'package.module:function'")
     try:
         module = importlib.import_module(module_name)  # importlib: the module is the user's --env=module:function
     except ModuleNotFoundError as exc:
@@ -80,8 +90,20 @@ def _module_function(env_id: str) -> Callable[..., gym.Env] | None:
             from exc
     except gym.error.DependencyNotInstalled as exc:  # e.g. pettingzoo.butterfly without pymunk: names its extra
         raise EnvError(f"--env={env_id}: a package it needs is missing ({exc})") from exc
+    except Exception as exc:  # the module's own code raised (pettingzoo's hanabi_v5 without open_spiel: ImportError)
+        raise EnvError(f"--env={env_id}: importing {module_name!r} raised {raised(exc)}") from exc
     candidate = getattr(module, attribute, None)
-    return candidate if callable(candidate) and not isinstance(candidate, type) else None
+    if attribute in gym.registry and (candidate is None or isinstance(candidate, type)):
+        return None  # gymnasium makes its registered id, with the spec's wrappers (time limit)
+    if callable(candidate):
+        return candidate
+    if candidate is None and attribute.isidentifier():
+        raise EnvError(f"--env={env_id}: module {module_name!r} has no attribute {attribute!r}; name a function or "
+                       "class that makes the env, or an id the module registers with gymnasium")
+    if candidate is not None:
+        raise EnvError(f"--env={env_id}: {attribute!r} of module {module_name!r} is {describe(candidate)}, not a "
+                       "function or class that makes the env")
+    return None
 
 
 def _missing_hint(module_name: str, missing: str | None) -> str:
@@ -157,7 +179,7 @@ def _make_unmasked(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     if is_doom_name(env_id):
         return make_doom(env_id, **kwargs)
     if is_envpool_name(env_id):
-        return EnvPoolEnv(env_id[len(ENVPOOL_PREFIX):], **kwargs)
+        return _with_model_observations(env_id, EnvPoolEnv(env_id[len(ENVPOOL_PREFIX):], **kwargs))
     make_fn = _REGISTRY.get(env_id) or _module_function(env_id)
     if make_fn is not None:
         return _with_model_observations(env_id, _as_gym_env(env_id, make_fn(**kwargs)))
@@ -249,6 +271,9 @@ def _as_gym_env(env_id: str, env: Any) -> gym.Env:
         except EnvError as exc:
             env.close()
             raise EnvError(f"--env={env_id}: {exc}") from exc
+    if not all(hasattr(env, name) for name in ("observation_space", "action_space", "reset", "step")):
+        raise EnvError(f"--env={env_id}: its make function returned {describe(env)}, not an env (a gymnasium Env, or a "
+                       "PettingZoo ParallelEnv or AECEnv)")
     return env
 
 
@@ -274,10 +299,15 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
              action_mask: str = "auto") -> EnvInfo:
     """What the runner needs to know about the env (its spaces as the model sees them: with the action mask that
     `action_mask` reads, make_env's); with `measure_step`, also what one step costs (see measure_step_seconds)."""
-    env = make_env(env_id, env_kwargs, action_mask=action_mask)
+    env = _first_env(env_id, env_kwargs, action_mask)
     try:
         if getattr(env, "from_info", None) is not None:
-            env.reset(seed=0)  # a mask missing from info, or of a wrong size: one line now, not a worker crash
+            try:  # a mask missing from info, or of a wrong size: one line now (EnvError), not a worker crash
+                env.reset(seed=0)
+            except EnvError:
+                raise
+            except Exception as exc:
+                raise EnvError(f"--env={env_id}: its reset raised {raised(exc)}") from exc
         num_agents = int(getattr(env, "num_agents", 1))
         turn_based = bool(getattr(env, "turn_based", False))
         if num_agents == 1 and not turn_based:  # multi-agent and turn-based envs speak this project's API
@@ -293,6 +323,19 @@ def env_info(env_id: str, env_kwargs: dict[str, Any] | None = None, measure_step
                        turn_based=turn_based)
     finally:
         env.close()
+
+
+def _first_env(env_id: str, env_kwargs: dict[str, Any] | None, action_mask: str) -> gym.Env:
+    """make_env, the first time the env is made (at launch, in the main process): an exception its constructor raises
+    there is the env's code or `--env_kwargs` at fault, one line (EnvError) rather than a traceback. Later makes (the
+    workers') keep their own handling."""
+    try:
+        return make_env(env_id, env_kwargs, action_mask=action_mask)
+    except EnvError:
+        raise
+    except Exception as exc:
+        given = f" (--env_kwargs={json.dumps(env_kwargs)})" if env_kwargs else ""
+        raise EnvError(f"--env={env_id}{given}: making it raised {raised(exc)}") from exc
 
 
 def obs_keys(env: gym.Env) -> list[str]:
@@ -318,20 +361,25 @@ def guarded_step_seconds(env: gym.Env, num_agents: int, actions: gym.Space | Non
     return within(limit_s, lambda: measure_step_seconds(env, num_agents, actions))
 
 
+class _ProbeTimeout(BaseException):
+    """`within`'s alarm: not an Exception, so that neither the env's own `except Exception` nor a probe that reports
+    what the env raised (envs/contract.py) takes the time limit for the env's error."""
+
+
 def within(limit_s: float, probe: Callable[[], Any]) -> Any:
     """`probe()`, or None when it raises or (in the main thread, where SIGALRM can interrupt it) runs over
     `limit_s`: a start-up probe of the env must not hang the launch."""
     in_main_thread = threading.current_thread() is threading.main_thread()
 
     def give_up(*_):
-        raise TimeoutError
+        raise _ProbeTimeout
 
     previous = signal.signal(signal.SIGALRM, give_up) if in_main_thread else None
     try:
         if in_main_thread:
             signal.setitimer(signal.ITIMER_REAL, limit_s)
         return probe()
-    except Exception:
+    except (Exception, _ProbeTimeout):
         return None
     finally:
         if in_main_thread:

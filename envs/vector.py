@@ -15,7 +15,9 @@ The sources differ in how they get there:
   gymnasium's SyncVectorEnv over `make_env` in SAME_STEP mode, so wrappers and preprocessing are the per-env path's;
 - `envpool:<task id>`: an EnvPool pool in sync mode (Atari tasks with `atari_`'s preprocessing and game scores:
   `envpool_atari_kwargs`, `EnvPoolSameStep`). EnvPool resets on the next step too; `EnvPoolSameStep` steps the
-  ended sub-envs alone at once, which resets them, so their next step is an ordinary one.
+  ended sub-envs alone at once, which resets them, so their next step is an ordinary one. Observations the models do
+  not take as they are (FrozenLake's Discrete state, MiniGrid's Dict holding a Discrete direction) are given as the
+  per-env path gives them (envs/observations.py, `VectorModelObservations`).
 
 Sub-env i of an env made with seed s is seeded s + i, as the per-env path seeds its envs. Torch-free.
 """
@@ -28,9 +30,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from appo.envs.atari import FRAME_SKIP, SCREEN_SIZE
+from appo.envs.observations import is_model_space, model_observation, model_space
 from appo.envs.registry import EnvError, guarded_step_seconds, gym_spec, make_env
 from appo.utils.logs import log
 
@@ -54,7 +57,8 @@ def make_vector_env(env_id: str, num_envs: int, env_kwargs: dict[str, Any] | Non
     `seed` fixes EnvPool's sub-envs at creation; gymnasium's are seeded by `reset(seed=...)`."""
     kwargs = dict(env_kwargs or {})
     if is_envpool_name(env_id):
-        return EnvPoolSameStep(make_envpool(env_id[len(ENVPOOL_PREFIX):], num_envs, kwargs, seed))
+        pool = EnvPoolSameStep(make_envpool(env_id[len(ENVPOOL_PREFIX):], num_envs, kwargs, seed))
+        return pool if is_model_space(pool.single_observation_space) else VectorModelObservations(pool)
     entry_point = _vector_entry_point(env_id)
     if entry_point is not None:
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
@@ -275,6 +279,35 @@ class EnvPoolSameStep(VectorWrapper):
         if game_over.any():
             info["true_episode_reward"], info["_true_episode_reward"] = self.scores.copy(), game_over
             self.scores[game_over] = 0.0
+
+
+class VectorModelObservations(VectorWrapper):
+    """A vectorised env whose observations are given as the models see them, sub-env by sub-env as the per-env path's
+    ModelObservations gives them (envs/observations.py): for EnvPool's tasks that observe a Discrete state (its toy
+    text and MiniGrid tasks, whose steps are cheap), not its Atari ones, whose images the models take as they are.
+    (gymnasium's VectorObservationWrapper refuses SAME_STEP envs, whose info may hold final observations; EnvPool's
+    holds none.)"""
+
+    def __init__(self, env: VectorEnv):
+        super().__init__(env)
+        self.given_space = env.single_observation_space
+        self.given_batch = batch_space(self.given_space, env.num_envs)  # EnvPool's observation_space is one sub-env's
+        self.single_observation_space = model_space(self.given_space)
+        self.observation_space = batch_space(self.single_observation_space, env.num_envs)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self.observations(obs), info
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        return self.observations(obs), rewards, terminated, truncated, info
+
+    def observations(self, observations: Any) -> Any:
+        """A batch of the env's observations as the models see them."""
+        rows = [model_observation(self.given_space, row) for row in iterate(self.given_batch, observations)]
+        return concatenate(self.single_observation_space, rows, create_empty_array(self.single_observation_space,
+                                                                                   len(rows)))
 
 
 class EnvPoolEnv(gym.Env):

@@ -1,5 +1,7 @@
 """Envs that misbehave on purpose, registered on import (used as --env=tests.flaky_envs:Name-v0)."""
 
+import builtins
+import multiprocessing
 import time
 
 import gymnasium as gym
@@ -22,8 +24,13 @@ class FlakyCartPole(CartPoleEnv):
 
 
 class BrokenResetCartPole(CartPoleEnv):
+    """CartPole whose reset raises in the workers: not in the main process, where the launch's check of one reset
+    would refuse it in one line before any worker starts (the workers' crash report is what it tests)."""
+
     def reset(self, *, seed=None, options=None):
-        raise RuntimeError("reset is broken on purpose")
+        if multiprocessing.parent_process() is not None:
+            raise RuntimeError("reset is broken on purpose")
+        return super().reset(seed=seed, options=options)
 
 
 class FailingEpisodesCartPole(CartPoleEnv):
@@ -88,6 +95,29 @@ class NaNCartPole(CartPoleEnv):
 gym.register("NaNCartPole-v0", entry_point=NaNCartPole, max_episode_steps=500)
 
 
+class NonFiniteReturnCartPole(CartPoleEnv):
+    """CartPole whose reward at step 3 is NaN in every other episode (the 2nd, 4th, ...) and inf in every fourth;
+    `offset` episodes count as played before the first (1: the first is NaN)."""
+
+    def __init__(self, offset: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.episodes, self.steps = offset, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.episodes, self.steps = self.episodes + 1, 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.steps += 1
+        if self.steps == 3 and self.episodes % 2 == 0:
+            reward = float("inf") if self.episodes % 4 == 0 else float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("NonFiniteReturnCartPole-v0", entry_point=NonFiniteReturnCartPole, max_episode_steps=500)
+
+
 class FlakyRendezvous(RendezvousEnv):
     """The built-in multi-agent env, whose step raises every 300th call (per env)."""
 
@@ -139,11 +169,15 @@ class OffApiEnv(gym.Env):
         self.kind, self.steps = kind, 0
 
     def reset(self, *, seed=None, options=None):
+        if self.kind == "raising_reset":
+            raise RuntimeError("Expected a numpy array with two dimensions.\nmore lines of the message")
         self.steps = 0
         obs = np.zeros(3, np.float32)
         return obs if self.kind == "old_reset" else (obs, {})
 
     def step(self, action):
+        if self.kind == "raising_step":
+            raise KeyError("no such action")
         shapes = {"shape": (4,), "column": (3, 1), "leading_axis": (1, 3)}
         obs = np.zeros(shapes.get(self.kind, (3,)), np.float32)
         reward = np.ones(1) if self.kind == "reward_array" else 1.0
@@ -158,3 +192,13 @@ class OffApiEnv(gym.Env):
 
 def make_off_api(kind: str) -> OffApiEnv:
     return OffApiEnv(kind)
+
+
+def make_raising(error: str) -> gym.Env:
+    """A make function that raises the builtin exception named `error`, as an env's constructor can (a bad
+    --env_kwargs value, a missing licence)."""
+    raise getattr(builtins, error)("the simulator is not licensed\nand more lines")
+
+
+def make_nothing(**kwargs) -> None:
+    """A make function that forgets to return its env."""

@@ -31,6 +31,8 @@ OFFSET_BOX = gym.spaces.Box(np.array([0.9, 0.0, -1.0], np.float32), np.array([1.
 # Nor these: choices numbered from a start other than 0 (the env's step refuses an action out of its space).
 STARTED = {"discrete_start": gym.spaces.Discrete(3, start=-1),
            "multi_discrete_start": gym.spaces.MultiDiscrete([3, 2], start=[1, -1])}
+# Nor this one, which the trainer refuses (tests/test_bad_input.py): its repr spans two lines.
+GRID_MULTI_DISCRETE = gym.spaces.MultiDiscrete([[2, 3], [4, 5]])
 
 
 class SpacesEnv(gym.Env):
@@ -40,7 +42,8 @@ class SpacesEnv(gym.Env):
         self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
                                   else gym.spaces.Text(8) if obs == "text"
                                   else gym.spaces.Box(-1.0, 1.0, (), np.float32) if obs == "scalar" else OBS[obs])
-        self.action_space = OFFSET_BOX if action == "offset_box" else STARTED.get(action) or ACTIONS[action]
+        self.action_space = (OFFSET_BOX if action == "offset_box" else GRID_MULTI_DISCRETE if action == "grid"
+                             else STARTED.get(action) or ACTIONS[action])
         self.t = 0
 
     def reset(self, *, seed=None, options=None):

@@ -5,7 +5,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,16 +92,70 @@ def test_unknown_env_creates_nothing(tmp_path, env):
     ("column", "its step returned an observation of shape (3, 1), where its observation_space says (3,)"),
     ("reward_array", "its step returned a reward of an array of shape (1,), not a number"),
     ("info_list", "its step returned info as a list, not a dict"),
+    ("raising_reset", "its reset raised RuntimeError: Expected a numpy array with two dimensions."),
+    ("raising_step", "its step raised KeyError: 'no such action'"),
 ])
 def test_an_env_off_gymnasiums_api_is_one_line_at_launch_and_creates_nothing(tmp_path, kind, expected):
     """Checked on one reset and one step at launch (envs/contract.py); before, the workers crashed after start-up,
-    an old gym step a hundred times over as env errors."""
+    an old gym step a hundred times over as env errors, a reset that raised (atari_pong's obs_type=ram) in a
+    traceback."""
     result = run(str(tmp_path), "--env=tests.flaky_envs:make_off_api", f'--env_kwargs={{"kind": "{kind}"}}')
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --env=tests.flaky_envs:make_off_api: {expected}"), \
         result.stderr
     assert not os.path.exists(tmp_path / "exp")
+
+
+def test_the_launch_check_reports_what_an_env_raises_but_not_its_time_limit():
+    """A reset that raises is the check's answer; one that runs over the probe's time limit is left to the workers,
+    even where the env's own code catches every Exception around the wait."""
+    from appo.envs.contract import api_problem
+    from appo.envs.registry import within
+    from tests.flaky_envs import OffApiEnv
+
+    class SlowEnv(OffApiEnv):
+        def reset(self, *, seed=None, options=None):
+            try:
+                time.sleep(5)
+            except Exception:
+                return np.zeros(3, np.float32)  # off the API: returned only if the time limit were the env's error
+            return super().reset(seed=seed, options=options)
+
+    assert within(5, lambda: api_problem(OffApiEnv("raising_reset"), 0)) == \
+        "its reset raised RuntimeError: Expected a numpy array with two dimensions."
+    started = time.monotonic()
+    assert within(0.2, lambda: api_problem(SlowEnv("fine"), 0)) is None
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("env,kwargs,expected", [
+    ("FrozenLake-v1", {"map_name": "9x9"},
+     '--env=FrozenLake-v1 (--env_kwargs={"map_name": "9x9"}): making it raised KeyError: \'9x9\''),
+    ("tests.flaky_envs:make_raising", {"error": "RuntimeError"}, '--env=tests.flaky_envs:make_raising '
+     '(--env_kwargs={"error": "RuntimeError"}): making it raised RuntimeError: the simulator is not licensed'),
+    ("tests.flaky_envs:make_raising", {"error": "TypeError"}, "making it raised TypeError: the simulator is not"),
+    ("tests.flaky_envs:make_nothing", {}, "--env=tests.flaky_envs:make_nothing: its make function returned None, "
+                                          "not an env (a gymnasium Env, or a PettingZoo ParallelEnv or AECEnv)"),
+    ("tests.flaky_envs:no_such_function", {},
+     "--env=tests.flaky_envs:no_such_function: module 'tests.flaky_envs' has no attribute 'no_such_function'"),
+    ("tests.flaky_envs:np", {}, "'np' of module 'tests.flaky_envs' is a module, not a function or class"),
+    (":make", {}, "--env=:make: no module before ':'; use 'package.module:function'"),
+    ("raising_module:make", {}, "--env=raising_module:make: importing 'raising_module' raised ImportError: "
+                                "this module needs a simulator"),
+])
+def test_an_env_whose_making_raises_is_one_line_and_creates_nothing(tmp_path, env, kwargs, expected):
+    """What an env's module or make function raises at launch (or a make function that returns no env) is one line
+    naming --env; before, a traceback of exit code 1 (or, for a name its module lacks, gymnasium's "doesn't exist")."""
+    (tmp_path / "raising_module.py").write_text('raise ImportError("this module needs a simulator\\nmore")\n')
+    result = subprocess.run([sys.executable, "-m", "appo.train", f"--train_dir={tmp_path}", "--experiment=new",
+                             f"--env={env}", f"--env_kwargs={json.dumps(kwargs)}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --env=") and expected in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "new")
 
 
 @pytest.mark.timeout(90)
@@ -134,9 +190,12 @@ def test_a_retired_gymnasium_id_is_one_error_line_and_creates_nothing(tmp_path):
     ("CartPole-v1", "--encoder=nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (4,) is no image"),
     ("catch", "--encoder=nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (10, 5, 1) is under 36"),
     ("CartPole-v1", "--encoder=small_cnn", "--encoder=small_cnn: the observation 'obs' of shape (4,) is no image"),
+    ("tests.space_envs:make_spaces_env", '--env_kwargs={"action": "grid"}', "unsupported action space "
+     "MultiDiscrete([[2 3] [4 5]]); use Discrete, MultiDiscrete of one axis, MultiBinary, Box or a Tuple of them"),
 ])
 def test_flags_that_do_not_fit_the_env_are_one_line_and_create_nothing(tmp_path, env, flag, expected):
-    """--env_kwargs its make function does not take; a CNN named for observations it cannot encode."""
+    """--env_kwargs its make function does not take; a CNN named for observations it cannot encode; an action space
+    the models cannot take, in one line though its repr spans two."""
     result = run(str(tmp_path), f"--env={env}", flag)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -80,6 +80,35 @@ def test_user_env_given_as_module_function_trains(trainer):
     assert final_reward(trainer.train_dir, "by_function") > 0.5
 
 
+@pytest.mark.timeout(60)
+def test_user_env_given_as_module_class_trains(trainer):
+    """`--env=module:Class` calls the class with --env_kwargs, as a make function is called; before, it fell through to
+    gymnasium.make, which said the env does not exist."""
+    result = trainer.run("--env=tests.space_envs:SpacesEnv", '--env_kwargs={"action": "multi_discrete"}',
+                         "--experiment=by_class", "--train_for_env_steps=2000", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(os.path.join(trainer.train_dir, "by_class", "result.json")) as f:
+        assert json.load(f)["env_steps"] >= 2000
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("task", ["FrozenLake-v1", "MiniGrid-Empty-5x5-v0"])
+def test_envpool_tasks_that_observe_a_discrete_state_train(trainer, task):
+    """EnvPool's FrozenLake observes a Discrete state, its MiniGrid a Dict holding a Discrete direction: one-hot
+    vectors, as through gymnasium, in the per-env env (spaces) and the batched pool the actors step; before, refused
+    as an unsupported observation space."""
+    pytest.importorskip("envpool")
+    env = make_env(f"envpool:{task}")
+    observation, _ = env.reset()
+    assert env.observation_space.contains(observation), env.observation_space
+    env.close()
+    result = trainer.run(f"--env=envpool:{task}", "--experiment=envpool", "--train_for_env_steps=2000", *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(os.path.join(trainer.train_dir, "envpool", "result.json")) as f:
+        result = json.load(f)
+    assert result["env_steps"] >= 2000 and result["faults"]["env_errors"] == 0, result
+
+
 @pytest.mark.timeout(120)  # 11 s of training and 5 s of games on 2 cores
 def test_blackjack_tuple_observations_learn_the_basic_strategy(trainer):
     """Blackjack observes a Tuple of Discretes (player sum, dealer card, usable ace), seen as one vector of one-hots.
