@@ -2,7 +2,8 @@
 
 A player is a function of one agent's observation dict (what `env.observe(agent)` returns for the agent to move:
 "observation" planes, plane 0 the mover's pieces and plane 1 the opponent's, and "action_mask") and a numpy Generator;
-it returns a legal action.
+it returns a legal action. A `StatefulPlayer` (a recurrent policy) is also told of each new game and shown the
+opponent's moves.
 - `random_player`: uniform over the legal actions.
 - `connect_four_lookahead`: wins at once when it can, else blocks a column where the opponent would win on its next
   move, else plays a random legal move (ties broken at random).
@@ -30,11 +31,25 @@ import functools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 Player = Callable[[dict[str, np.ndarray], np.random.Generator], int]
+
+
+@runtime_checkable
+class StatefulPlayer(Protocol):
+    """A player that carries state through a game (a recurrent policy). `play_games` calls `new_game` before each
+    game's first move and `wait` with the player's observation, its mask allowing nothing, on each of the opponent's
+    moves: training runs a recurrent model on its seat's every step, from a zero state at each game's start."""
+
+    def __call__(self, observation: dict[str, np.ndarray], rng: np.random.Generator) -> int: ...
+
+    def new_game(self) -> None: ...
+
+    def wait(self, observation: dict[str, np.ndarray]) -> None: ...
+
 
 GAMES = ("connect_four", "tictactoe")
 ROWS, COLUMNS = 6, 7
@@ -217,7 +232,8 @@ def play_games(game: str, first: Player, second: Player, games: int, seed: int) 
     moves first: connect four's player_0, tictactoe's player_1) in even games and the second seat in odd ones, so the
     first-mover advantage favours neither side.
     Game k is reset with seed + k; each player's rng (and that of the moves replacing illegal ones) comes from `seed`,
-    so a record is reproducible. An illegal action is counted and replaced by a random legal move."""
+    so a record is reproducible. An illegal action is counted and replaced by a random legal move. A `StatefulPlayer`
+    starts each game anew and watches the opponent's moves (one object must not take both seats: it has one state)."""
     env = make_game_env(game)
     rng_first, rng_second, rng_fallback = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     wins = draws = losses = illegal = 0
@@ -227,8 +243,15 @@ def play_games(game: str, first: Player, second: Player, games: int, seed: int) 
             env.reset(seed=seed + k)
             seat_first, seat_second = env.possible_agents[k % 2], env.possible_agents[1 - k % 2]
             players = {seat_first: (first, rng_first), seat_second: (second, rng_second)}
+            stateful = {seat: player for seat, (player, _) in players.items() if isinstance(player, StatefulPlayer)}
+            for watcher in stateful.values():
+                watcher.new_game()
             while not all(env.terminations[agent] or env.truncations[agent] for agent in env.agents):
                 agent = env.agent_selection
+                for seat, watcher in stateful.items():
+                    if seat != agent:
+                        waiting = env.observe(seat)
+                        watcher.wait({**waiting, "action_mask": np.zeros_like(waiting["action_mask"])})
                 observation = env.observe(agent)
                 player, rng = players[agent]
                 action = player(observation, rng)

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from appo.config.cfg import ConfigError, parse_args, parse_keywords, resolve, sa
 from appo.envs import env_info
 from appo.learning.checkpoint import checkpoint_dir, save_checkpoint
 from appo.learning.policy import Policy
-from appo.learning.trained_policy import PolicyLoadError
+from appo.learning.trained_policy import Episode, PolicyLoadError, summarise
 from appo.spaces import obs_spaces
 from appo.tools.enjoy import image_from_obs
 from appo.tools.export import ExportedModel, example_inputs, export_policy, onnx_difference
@@ -111,6 +112,40 @@ def test_enjoy_plays_and_writes_a_video(tmp_path):
     meta = next(frames)
     assert meta["size"] == (600, 400)  # CartPole's rgb_array frames, width x height
     assert sum(1 for _ in frames) == round(2 * mean_length)  # one frame per step played
+
+
+def test_summarise_leaves_non_finite_returns_out_of_the_mean_and_counts_them():
+    episodes = [Episode(1.0, 10), Episode(float("nan"), 20), Episode(3.0, 30), Episode(float("inf"), 40)]
+    results = summarise(episodes)
+    assert (results["reward"], results["reward_std"], results["reward_nonfinite"]) == (2.0, 1.0, 2.0)
+    assert (results["length"], results["episodes"]) == (25.0, 4.0)
+    assert "reward_nonfinite" not in summarise(episodes[:1])
+    only_nan = summarise([Episode(float("nan"), 5)])
+    assert math.isnan(only_nan["reward"]) and only_nan["reward_nonfinite"] == 1.0
+
+
+def test_enjoy_reports_nan_and_inf_returns(tmp_path):
+    """Episodes 2 and 4 of this env get a NaN and an inf reward: enjoy prints them and sums up the others."""
+    make_experiment(tmp_path, "nan", "--env=tests.flaky_envs:NonFiniteReturnCartPole-v0")
+    out = run_module("appo.enjoy", f"--train_dir={tmp_path}", "--experiment=nan", "--episodes=4", "--deterministic")
+    assert out.returncode == 0, out.stderr
+    logged = out.stdout + out.stderr
+    assert "Episode 2: return nan" in logged and "Episode 4: return inf" in logged
+    assert "4 episodes: return " in out.stdout and "(2 with a NaN or infinite return left out)" in out.stdout
+
+
+def test_enjoy_save_video_without_opengl_is_one_line(tmp_path):
+    """A MuJoCo env whose OpenGL backend cannot start (GLFW without a display) stops at the first frame with one line
+    that names --save_video and the MUJOCO_GL to use."""
+    pytest.importorskip("mujoco")
+    make_experiment(tmp_path, "pendulum", "--env=InvertedPendulum-v5")
+    env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    out = subprocess.run([sys.executable, "-m", "appo.enjoy", f"--train_dir={tmp_path}", "--experiment=pendulum",
+                          "--episodes=1", "--save_video"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**env, "MUJOCO_GL": "glfw"})  # cwd: MuJoCo writes MUJOCO_LOG.TXT there
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--save_video" in out.stderr and "MUJOCO_GL=egl" in out.stderr
 
 
 @pytest.mark.slow

@@ -221,6 +221,64 @@ def test_illegal_actions_are_counted_and_the_game_finishes(game):
 
 
 @needs_pettingzoo
+def test_play_games_starts_a_stateful_player_anew_and_shows_it_the_opponents_moves():
+    """A StatefulPlayer gets new_game before every game and, on each of the opponent's moves, its own observation with
+    a mask that allows nothing (what training's recurrent inference sees on a waiting step)."""
+    events, opponent_moves = [], []
+
+    class Stateful:
+        def __call__(self, observation, rng):
+            events.append("move")
+            return random_player(observation, rng)
+
+        def new_game(self):
+            events.append("new_game")
+
+        def wait(self, observation):
+            assert not observation["action_mask"].any() and observation["observation"].shape == (3, 3, 2)
+            events.append("wait")
+
+    def opponent(observation, rng):
+        opponent_moves.append(1)
+        return random_player(observation, rng)
+
+    record = play_games("tictactoe", Stateful(), opponent, games=4, seed=0)
+    assert record.games == 4 and events.count("new_game") == 4
+    assert events.count("wait") == len(opponent_moves)
+    games = "".join("|" if e == "new_game" else e[0] for e in events).split("|")[1:]
+    assert [game[0] for game in games] == ["m", "w", "m", "w"]  # the player opens games 0 and 2, waits first in 1, 3
+
+
+@needs_pettingzoo
+def test_a_recurrent_policy_starts_every_game_from_a_zero_state(tmp_path):
+    """As in training: the state is zero at each game's first step, and steps on the opponent's moves as well."""
+    from tests.test_after_training import make_experiment
+
+    exp_dir = make_experiment(tmp_path, "rnn", "--env=pettingzoo.classic.tictactoe_v3:env", "--use_rnn=True")
+    player = player_by_name(exp_dir, "tictactoe")
+    policy, act = player.policy, player.policy.act
+    calls = []  # (state before the call, whether the policy was to move)
+
+    def recording_act(obs, deterministic=False):
+        state = policy.rnn_states
+        calls.append((None if state is None else state.clone(), bool(obs["action_mask"].any())))
+        return act(obs, deterministic)
+
+    policy.act = recording_act
+    opponent_moves = []
+
+    def opponent(observation, rng):
+        opponent_moves.append(1)
+        return random_player(observation, rng)
+
+    record = play_games("tictactoe", player, opponent, games=3, seed=0)
+    assert record.games == 3 and record.illegal == 0
+    assert sum(not moving for _, moving in calls) == len(opponent_moves)  # a step on every opponent's move
+    fresh = [state is None or not state.any() for state, _ in calls]
+    assert sum(fresh) == 3 and fresh[0], fresh  # zero at each game's start, never in a game's middle
+
+
+@needs_pettingzoo
 def test_play_games_is_reproducible():
     one = play_games("connect_four", random_player, random_player, games=20, seed=5)
     assert play_games("connect_four", random_player, random_player, games=20, seed=5) == one

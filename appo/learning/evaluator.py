@@ -90,8 +90,10 @@ class Evaluator(WorkerRole):
         value = results.get(metric)
         if value is None or not math.isfinite(value):
             if not self.warned_missing_metric:
-                log.warning("--save_best_metric=%s: the evaluation episodes report no such value (they report %s); "
-                            "no best checkpoint is kept", metric, ", ".join(sorted(results)))
+                why = (f"the evaluation episodes report no such value (they report {', '.join(sorted(results))})"
+                       if value is None else f"it is {value} (from NaN or infinite episode values)")
+                log.warning("--save_best_metric=%s: %s; no best checkpoint is kept from such evaluations", metric,
+                            why)
                 self.warned_missing_metric = True
             return
         if value <= self.best.get(p, -math.inf):

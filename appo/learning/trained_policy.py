@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,14 +157,20 @@ def episode_env_kwargs(cfg: Config | EvaluatorConfig) -> dict[str, Any]:
 
 def summarise(episodes: list[Episode]) -> dict[str, float]:
     """Mean return (`reward`) and length with their spreads (population std), the episode count, and the mean of
-    each episode metric the env reports."""
-    rewards, lengths = [e.reward for e in episodes], [e.length for e in episodes]
-    results = {"reward": statistics.mean(rewards), "reward_std": statistics.pstdev(rewards),
-               "length": statistics.mean(lengths), "length_std": statistics.pstdev(lengths),
+    each episode metric the env reports. A NaN or infinite return (a broken env) is left out of the return's mean and
+    std, so one bad episode does not hide the others, and counted as `reward_nonfinite` (when there is one)."""
+    rewards = np.asarray([e.reward for e in episodes], dtype=np.float64)
+    lengths = np.asarray([e.length for e in episodes], dtype=np.float64)
+    finite = rewards[np.isfinite(rewards)]
+    results = {"reward": float(finite.mean()) if finite.size else math.nan,
+               "reward_std": float(finite.std()) if finite.size else math.nan,
+               "length": float(lengths.mean()), "length_std": float(lengths.std()),
                "episodes": float(len(episodes))}
+    if finite.size < rewards.size:
+        results["reward_nonfinite"] = float(rewards.size - finite.size)
     for name in sorted({name for e in episodes for name in e.extra}):
         values = [e.extra[name] for e in episodes if name in e.extra]
-        results.setdefault(name, statistics.mean(values))
+        results.setdefault(name, float(np.mean(values)))
     return results
 
 

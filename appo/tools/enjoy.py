@@ -6,7 +6,8 @@ Loads the newest intact checkpoint (or `--checkpoint`) with the run's `cfg.json`
 episodes and prints the mean and std of the return and length. `--save_video` writes an mp4 of the env's
 `render_mode="rgb_array"` frames (Atari: the full-resolution screen, not the 84x84 input), or of every frame the
 env renders when it offers `"rgb_array_list"` (Doom: each tic of a frame-skipped step, at 35 frames a second), or
-of the observations when the env renders none but observes images; an experiment trained with a tracker on
+of the observations when the env renders none but observes images (MuJoCo on a machine without a display renders
+with MUJOCO_GL=egl); an experiment trained with a tracker on
 (--with_wandb, --with_mlflow) gets the video in its tracker run too. Multi-agent envs are played with every agent
 on the chosen `--policy`; an episode's return is the mean over its agents.
 """
@@ -16,6 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
+import warnings
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -35,6 +39,7 @@ from appo.learning.trained_policy import (
 )
 from appo.spaces import channels_last
 from appo.tracking import send_file
+from appo.tracking.writer import one_line
 from appo.utils.logs import log, setup_logging
 from appo.utils.process import EXIT_BAD_INPUT
 
@@ -73,7 +78,10 @@ class Recorder:
         self.frames, self.size = 0, (0, 0)
 
     def capture(self, obs) -> None:
-        rendered = self.env.render() if self.from_render else image_from_obs(obs)
+        if not self.from_render:
+            rendered = image_from_obs(obs)
+        else:
+            rendered = self.env.render() if self.frames else first_render(self.env)
         for frame in rendered if isinstance(rendered, list) else [rendered]:  # rgb_array_list: every frame
             frame = np.asarray(frame, dtype=np.uint8)
             self.writer.append_data(frame)
@@ -81,6 +89,44 @@ class Recorder:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def opengl_hint(exc: BaseException | None) -> str:
+    """How to pick MuJoCo's OpenGL backend, when `exc` (or what caused it) is an OpenGL failure: its message names
+    OpenGL or MUJOCO_GL, or OpenGL's or MuJoCo's GL set-up code raised it (no display, or no library for the backend
+    MUJOCO_GL names); else ''."""
+    while exc is not None:
+        files = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+        if ("OpenGL" in str(exc) or "MUJOCO_GL" in str(exc)
+                or any(f"{os.sep}OpenGL{os.sep}" in file or file.endswith("gl_context.py") for file in files)):
+            backend = os.environ.get("MUJOCO_GL")
+            asked = "MUJOCO_GL unset" if backend is None else f"MUJOCO_GL={backend}"
+            other = "osmesa" if backend == "egl" else "egl"
+            return f"; MuJoCo's OpenGL ({asked}) does not work here: set MUJOCO_GL={other}"
+        exc = exc.__cause__
+    return ""
+
+
+def first_render(env: gym.Env) -> Any:
+    """The env's first frame. That render sets the renderer up (MuJoCo: an OpenGL context), so its failure is the
+    machine's: one line (EnvError) saying so, without the warnings the failed set-up gave (GLFW: no DISPLAY)."""
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            rendered = env.render()
+        except Exception as exc:
+            message = (f"--save_video: the env cannot render frames ({one_line(exc)}){opengl_hint(exc)}; or play "
+                       "without --save_video")
+            # What the failed call half made (MuJoCo's viewer) would print another traceback as it is collected.
+            hook, sys.unraisablehook = sys.unraisablehook, lambda _: None
+            try:
+                traceback.clear_frames(exc.__traceback__)
+            finally:
+                sys.unraisablehook = hook
+            raise EnvError(message) from None
+    for warning in caught:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno, warning.file,
+                             warning.line)
+    return rendered
 
 
 def image_from_obs(obs) -> np.ndarray:
@@ -132,11 +178,14 @@ def video_fps(env: gym.Env) -> float:
 
 
 def summary(episodes: list[Episode]) -> str:
+    """The line enjoy ends with: the mean and spread of the return and length, and of the env's episode metrics."""
     if not episodes:
         return "no episode finished; raise --max_frames"
     results = summarise(episodes)
     metrics = "".join(f", {name} {results[name]:.2f}" for name in sorted({n for e in episodes for n in e.extra}))
-    return (f"{len(episodes)} episodes: return {results['reward']:.2f} ± {results['reward_std']:.2f}, "
+    nonfinite = int(results.get("reward_nonfinite", 0))
+    left_out = f" ({nonfinite} with a NaN or infinite return left out)" if nonfinite else ""
+    return (f"{len(episodes)} episodes: return {results['reward']:.2f} ± {results['reward_std']:.2f}{left_out}, "
             f"length {results['length']:.1f} ± {results['length_std']:.1f}{metrics}")
 
 
@@ -156,13 +205,17 @@ def main(argv: list[str] | None = None) -> int:
             video_path = os.path.join(video_dir, f"policy{args.policy}_v{policy.version}.mp4")
         env, recorder = make_play_env(policy, video_path, args.fps)
     except (PolicyLoadError, ConfigError, EnvError) as exc:
-        print(f"appo.enjoy: error: {exc}", file=sys.stderr)
+        # Importing MuJoCo fails (an EnvError caused by OpenGL's import) when MUJOCO_GL names a library not installed.
+        print(f"appo.enjoy: error: {exc}{opengl_hint(exc.__cause__)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     log.info("Playing policy %d of %s (version %d, %d env steps)", args.policy, policy.checkpoint, policy.version,
              policy.env_steps)
     try:
         episodes = play(policy, [env], args.episodes, args.deterministic, args.max_frames, args.seed,
                         None if recorder is None else recorder.capture)
+    except EnvError as exc:
+        print(f"appo.enjoy: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     finally:
         env.close()
         if recorder is not None:

@@ -21,12 +21,30 @@ import numpy as np
 from appo.config.cfg import ConfigError, OneLineParser
 from appo.envs import EnvError
 from appo.envs.classic_games import GAMES, Player, make_game_env, play_games, scripted_player
-from appo.learning.trained_policy import PolicyLoadError, load_policy
+from appo.learning.trained_policy import PolicyLoadError, TrainedPolicy, load_policy
 from appo.spaces import obs_spaces
 from appo.utils.process import EXIT_BAD_INPUT
 
 
-def policy_player(source: str, game: str, deterministic: bool = True) -> Player:
+class PolicyPlayer:
+    """A trained policy as a player (`policy_player`), a `StatefulPlayer`: a recurrent policy starts each game from a
+    zero state and steps it on the opponent's moves too, on its own seat's observation, as it did in training."""
+
+    def __init__(self, policy: TrainedPolicy, deterministic: bool):
+        self.policy, self.deterministic = policy, deterministic
+
+    def __call__(self, observation: dict[str, np.ndarray], rng: np.random.Generator) -> int:
+        return int(self.policy.act(observation, deterministic=self.deterministic))
+
+    def new_game(self) -> None:
+        self.policy.reset()
+
+    def wait(self, observation: dict[str, np.ndarray]) -> None:
+        if self.policy.model.state_size:  # a feed-forward policy has no state to step
+            self.policy.act(observation, deterministic=True)
+
+
+def policy_player(source: str, game: str, deterministic: bool = True) -> PolicyPlayer:
     """A trained policy as a player: `source` is an experiment dir (its newest checkpoint) or a checkpoint file. It
     sees what it saw in training, the mover's observation with its action mask, and plays its most likely legal move
     (`deterministic`) or samples one. A policy trained on another env is a PolicyLoadError."""
@@ -37,11 +55,7 @@ def policy_player(source: str, game: str, deterministic: bool = True) -> Player:
     if shapes(policy.obs_space) != wanted:
         raise PolicyLoadError(f"{source}: a policy of --env={policy.cfg.env} sees {shapes(policy.obs_space)}, not "
                               f"{game}'s {wanted}")
-
-    def play(observation: dict[str, np.ndarray], rng: np.random.Generator) -> int:
-        return int(policy.act(observation, deterministic=deterministic))
-
-    return play
+    return PolicyPlayer(policy, deterministic)
 
 
 def shapes(space: Any) -> dict[str, tuple[int, ...]]:
