@@ -1,5 +1,6 @@
 """After training: load_policy, enjoy (with video), ONNX and TorchScript export, the Python API."""
 
+import glob
 import json
 import logging
 import math
@@ -89,8 +90,14 @@ def test_load_policy_errors_name_the_path(tmp_path):
     with pytest.raises(PolicyLoadError, match="no such experiment"):
         load_policy(str(tmp_path / "missing"))
     exp_dir = make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
-    with pytest.raises(PolicyLoadError, match="no checkpoint of policy 1"):
+    with pytest.raises(PolicyLoadError, match=r"no policy 1: the run trained policy 0 \(--policy\)"):
         load_policy(exp_dir, policy_id=1)
+    with pytest.raises(PolicyLoadError, match="no best checkpoint: the run evaluated none"):
+        load_policy(os.path.join(exp_dir, "checkpoint_p0", "best.pth"))
+    for checkpoint in glob.glob(os.path.join(exp_dir, "checkpoint_p0", "*.pth")):
+        os.remove(checkpoint)
+    with pytest.raises(PolicyLoadError, match="no checkpoint of policy 0"):
+        load_policy(exp_dir)
     bad = tmp_path / "model.pth"
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(PolicyLoadError, match="not a checkpoint"):

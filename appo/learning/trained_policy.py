@@ -65,9 +65,16 @@ def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str
         return exp_dir, checkpoint
     exp_dir = exp_dir_or_checkpoint
     if not os.path.isdir(exp_dir):
+        if os.path.basename(exp_dir) == BEST_NAME and os.path.isdir(os.path.dirname(os.path.dirname(exp_dir))):
+            raise PolicyLoadError(f"{exp_dir}: no best checkpoint: the run evaluated none (it is written by training "
+                                  "with --eval_every_env_steps); leave --checkpoint out for the newest one")
         raise PolicyLoadError(f"{exp_dir}: no such experiment dir or checkpoint file")
     checkpoint = latest_intact_checkpoint(checkpoint_dir(exp_dir, policy_id))
     if checkpoint is None:
+        trained = run_cfg(exp_dir).num_policies if os.path.exists(os.path.join(exp_dir, "cfg.json")) else None
+        if trained is not None and policy_id >= trained:
+            raise PolicyLoadError(f"{exp_dir}: no policy {policy_id}: the run trained "
+                                  f"{'policy 0' if trained == 1 else f'policies 0 to {trained - 1}'} (--policy)")
         raise PolicyLoadError(f"{exp_dir}: no checkpoint of policy {policy_id} in {checkpoint_dir(exp_dir, policy_id)}")
     return exp_dir, checkpoint
 
