@@ -205,6 +205,10 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     check_machine(cfg, info)
     for line in auto_lines:
         log.info(line)
+    if cfg.eval_every_env_steps and info.num_agents > 1:
+        log.warning("--eval_every_env_steps plays each policy on every seat of --env=%s and scores the mean over the "
+                    "seats, which a zero-sum game makes 0 whatever the policy; score a game against a fixed player "
+                    "with python -m appo.versus", cfg.env)
     # Everything is valid: only now does the experiment dir change.
     if cfg.restart and os.path.exists(exp_dir):
         aside = free_path(f"{os.path.normpath(exp_dir)}_before_restart_{time.strftime('%Y%m%d-%H%M%S')}")

@@ -256,6 +256,20 @@ def test_a_resumed_runs_flags_are_checked_together_with_its_saved_ones(tmp_path)
     assert not (tmp_path / "feed_forward").exists()
 
 
+def test_evaluating_a_game_played_on_every_seat_warns_that_zero_sum_scores_are_0(tmp_path, caplog):
+    """The evaluation plays a policy on both seats of a two-player game: its mean over seats is 0 in a zero-sum game,
+    and best.pth kept the first evaluation of a self-play run."""
+    from appo.launch import prepare
+
+    prepare(*parse_args([f"--train_dir={tmp_path}", "--experiment=ttt", "--env=pettingzoo.classic.tictactoe_v3:env",
+                         "--eval_every_env_steps=1000"], FLAG_CHECKS))
+    assert "which a zero-sum game makes 0 whatever the policy" in caplog.text
+    caplog.clear()
+    prepare(*parse_args([f"--train_dir={tmp_path}", "--experiment=cp", "--env=CartPole-v1",
+                         "--eval_every_env_steps=1000"], FLAG_CHECKS))
+    assert "zero-sum" not in caplog.text
+
+
 def test_cfg_json_keeps_its_format_and_resumes(tmp_path):
     cfg, _ = parse_args(["--env=CartPole-v1", "--num_workers=3", "--restart=True"])
     path = str(tmp_path / "cfg.json")
