@@ -51,8 +51,14 @@ def run_cfg(exp_dir: str) -> Config:
 
 
 def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str, str]:
-    """(experiment dir, checkpoint path): the newest intact checkpoint of `policy_id`, or the given file (a
-    rolling checkpoint or the best one, `checkpoint_p<policy>/best.pth`)."""
+    """(experiment dir, checkpoint path): the newest intact checkpoint of `policy_id`, or of the policy whose
+    `checkpoint_p<policy>/` folder is given, or the given file (a rolling checkpoint or the best one,
+    `checkpoint_p<policy>/best.pth`)."""
+    folder = os.path.normpath(exp_dir_or_checkpoint)
+    parent, number = os.path.dirname(folder), os.path.basename(folder).removeprefix("checkpoint_p")
+    if (number.isdigit() and folder == os.path.normpath(checkpoint_dir(parent, int(number)))
+            and os.path.exists(os.path.join(parent, "cfg.json"))):
+        exp_dir_or_checkpoint, policy_id = parent, int(number)
     if os.path.isfile(exp_dir_or_checkpoint):
         checkpoint = exp_dir_or_checkpoint
         exp_dir = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
