@@ -178,16 +178,16 @@ def action_spec(space: gym.Space) -> list[tuple[str, int]]:
     """The parts of an action: ("discrete", number of choices) or ("gaussian", dimensions)."""
     if isinstance(space, gym.spaces.Discrete):
         return [("discrete", int(space.n))]
-    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return [("discrete", int(n)) for n in space.nvec]
+    if isinstance(space, gym.spaces.MultiDiscrete):  # of any shape: its parts in numpy's order
+        return [("discrete", int(n)) for n in space.nvec.ravel()]
     if isinstance(space, gym.spaces.MultiBinary):  # a game pad's buttons (stable-retro): a choice of 2 per button
         return [("discrete", 2)] * int(math.prod(space.shape))
     if isinstance(space, gym.spaces.Box):
         return [("gaussian", int(math.prod(space.shape)))]
     if isinstance(space, gym.spaces.Tuple):
         return [part for sub in space.spaces for part in action_spec(sub)]
-    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete of one axis, MultiBinary, Box or "
-                     "a Tuple of them")
+    raise SpaceError(f"unsupported action space {space}; use Discrete, MultiDiscrete, MultiBinary, Box or a Tuple of "
+                     "them")
 
 
 def gaussian_box(space: gym.Space) -> tuple[np.ndarray, np.ndarray]:
@@ -237,7 +237,7 @@ def to_env_action(space: gym.Space, action: np.ndarray):
     if isinstance(space, gym.spaces.Discrete):
         return int(action) + int(space.start)
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return (action + space.start).astype(space.dtype)
+        return (action.reshape(space.shape) + space.start).astype(space.dtype)
     if isinstance(space, gym.spaces.MultiBinary):
         return action.reshape(space.shape).astype(space.dtype)
     if isinstance(space, gym.spaces.Box):

@@ -44,7 +44,7 @@ def mask_source(flag: str, obs_space: gym.Space) -> tuple[str, str] | None:
 def allowed(mask: np.ndarray, sizes: list[int], action: Any, starts: Any = 0) -> bool:
     """Whether a flat mask (`sizes`: choices per action part) allows the env's `action` (an int, or one int per
     part), whose parts number their choices from `starts` (a space's `start`)."""
-    parts = np.atleast_1d(np.asarray(action) - starts).astype(np.int64)
+    parts = np.atleast_1d(np.asarray(action) - starts).astype(np.int64).ravel()
     offsets = np.cumsum([0, *sizes[:-1]])
     return bool(np.all(mask[offsets + parts] > 0))
 
@@ -56,11 +56,11 @@ def legal_random_action(action_space: gym.Space, mask: np.ndarray, rng: np.rando
         choices = np.flatnonzero(mask)
         return int(action_space.start + (rng.choice(choices) if len(choices) else 0))
     parts, offset = [], 0
-    for n in action_space.nvec:
+    for n in action_space.nvec.ravel():
         choices = np.flatnonzero(mask[offset:offset + n])
         parts.append(rng.choice(choices) if len(choices) else 0)
         offset += n
-    return (np.array(parts) + action_space.start).astype(action_space.dtype)
+    return (np.reshape(parts, action_space.shape) + action_space.start).astype(action_space.dtype)
 
 
 def random_actions(action_space: gym.Space, obs: Any, num_agents: int, rng: np.random.Generator) -> tuple[Any, int]:
@@ -92,7 +92,7 @@ class ActionMasks(gym.Wrapper):
             size = mask_size(env.action_space)
         except SpaceError as exc:
             raise EnvError(f"--env={env_id}: {exc}") from exc
-        self.sizes = [int(n) for n in np.atleast_1d(getattr(env.action_space, "nvec", env.action_space.n))]
+        self.sizes = [int(n) for n in np.ravel(getattr(env.action_space, "nvec", env.action_space.n))]
         self.starts = env.action_space.start
         mask_space = gym.spaces.Box(0, 1, (size,), np.int8)
         if self.from_info is not None:

@@ -30,9 +30,11 @@ ACTIONS = {
 OFFSET_BOX = gym.spaces.Box(np.array([0.9, 0.0, -1.0], np.float32), np.array([1.0, 1.0, 3.0], np.float32))
 # Nor these: choices numbered from a start other than 0 (the env's step refuses an action out of its space).
 STARTED = {"discrete_start": gym.spaces.Discrete(3, start=-1),
-           "multi_discrete_start": gym.spaces.MultiDiscrete([3, 2], start=[1, -1])}
-# Nor this one, which the trainer refuses (tests/test_bad_input.py): its repr spans two lines.
-GRID_MULTI_DISCRETE = gym.spaces.MultiDiscrete([[2, 3], [4, 5]])
+           "multi_discrete_start": gym.spaces.MultiDiscrete([3, 2], start=[1, -1]),
+           "grid_multi_discrete_start": gym.spaces.MultiDiscrete([[2, 3], [4, 5]], start=[[1, 0], [-1, 2]])}
+# Nor this one, which the trainer refuses (tests/test_bad_input.py): a Dict of actions, its repr over two lines.
+DICT_OF_GRID = gym.spaces.Dict({"move": gym.spaces.Box(np.zeros((2, 2), np.float32),
+                                                      np.array([[1.0, 1.0], [1.0, 2.0]], np.float32))})
 
 
 class SpacesEnv(gym.Env):
@@ -42,7 +44,7 @@ class SpacesEnv(gym.Env):
         self.observation_space = (gym.spaces.Box(0, 255, (image_size, image_size, 4), np.uint8) if obs == "small_image"
                                   else gym.spaces.Text(8) if obs == "text"
                                   else gym.spaces.Box(-1.0, 1.0, (), np.float32) if obs == "scalar" else OBS[obs])
-        self.action_space = (OFFSET_BOX if action == "offset_box" else GRID_MULTI_DISCRETE if action == "grid"
+        self.action_space = (OFFSET_BOX if action == "offset_box" else DICT_OF_GRID if action == "dict_of_grid"
                              else STARTED.get(action) or ACTIONS[action])
         self.t = 0
 
@@ -54,7 +56,9 @@ class SpacesEnv(gym.Env):
 
     def step(self, action):
         assert self.action_space.contains(action), f"{action!r} not in {self.action_space}"
-        first = np.ravel(action[0] if isinstance(action, tuple) else action)[0]
+        part = action[0] if isinstance(action, tuple) else next(iter(action.values())) if isinstance(action, dict) \
+            else action
+        first = np.ravel(part)[0]
         self.t += 1
         return self.observation_space.sample(), float(first <= 0), False, self.t >= 20, {}
 

@@ -190,8 +190,9 @@ def test_a_retired_gymnasium_id_is_one_error_line_and_creates_nothing(tmp_path):
     ("CartPole-v1", "--encoder=nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (4,) is no image"),
     ("catch", "--encoder=nature_cnn", "--encoder=nature_cnn: the observation 'obs' of shape (10, 5, 1) is under 36"),
     ("CartPole-v1", "--encoder=small_cnn", "--encoder=small_cnn: the observation 'obs' of shape (4,) is no image"),
-    ("tests.space_envs:make_spaces_env", '--env_kwargs={"action": "grid"}', "unsupported action space "
-     "MultiDiscrete([[2 3] [4 5]]); use Discrete, MultiDiscrete of one axis, MultiBinary, Box or a Tuple of them"),
+    ("tests.space_envs:make_spaces_env", '--env_kwargs={"action": "dict_of_grid"}', "unsupported action space "
+     "Dict('move': Box(0.0, [[1. 1.] [1. 2.]], (2, 2), float32)); use Discrete, MultiDiscrete, "
+     "MultiBinary, Box or a Tuple of them"),
 ])
 def test_flags_that_do_not_fit_the_env_are_one_line_and_create_nothing(tmp_path, env, flag, expected):
     """--env_kwargs its make function does not take; a CNN named for observations it cannot encode; an action space

@@ -36,15 +36,19 @@ def test_every_space_combination_runs(trainer, obs, action):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("action", ["discrete_start", "multi_discrete_start"])
-def test_actions_numbered_from_a_start_reach_the_env_in_its_space(trainer, action):
-    """Discrete(3, start=-1) takes -1, 0 and 1: the model's choice i is the env's start + i; an action out of the
-    space raises in the env's step, which the run counts as an env error."""
+@pytest.mark.parametrize("action, batched", [("discrete_start", False), ("multi_discrete_start", False),
+                                             ("grid_multi_discrete_start", False), ("grid_multi_discrete_start", True)])
+def test_actions_numbered_from_a_start_reach_the_env_in_its_space(trainer, action, batched):
+    """Discrete(3, start=-1) takes -1, 0 and 1: the model's choice i is the env's start + i; a MultiDiscrete of two
+    axes gets its choices in its own shape. An action out of the space raises in the env's step, which the run counts
+    as an env error."""
     kwargs = json.dumps({"obs": "vector", "action": action})
-    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}", f"--experiment={action}",
-                         "--train_for_env_steps=3000", *SMALL)
+    experiment = f"{action}_{batched}"
+    result = trainer.run("--env=tests.space_envs:make_spaces_env", f"--env_kwargs={kwargs}",
+                         f"--experiment={experiment}", "--train_for_env_steps=3000", f"--batched_sampling={batched}",
+                         *SMALL)
     assert result.returncode == 0, result.stdout + result.stderr
-    with open(os.path.join(trainer.train_dir, action, "result.json")) as f:
+    with open(os.path.join(trainer.train_dir, experiment, "result.json")) as f:
         assert json.load(f)["faults"]["env_errors"] == 0
 
 

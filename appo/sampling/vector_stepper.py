@@ -40,7 +40,7 @@ def to_env_actions(space: gym.Space, actions: np.ndarray) -> Any:
         actions = np.asarray(actions, dtype=np.int64)  # no copy for a Discrete space's own (int64) rows
         return actions + int(space.start) if space.start else actions
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return (actions + space.start).astype(space.dtype)
+        return (actions.reshape(len(actions), *space.shape) + space.start).astype(space.dtype)
     if isinstance(space, gym.spaces.MultiBinary):
         return actions.reshape(len(actions), *space.shape).astype(space.dtype)
     if isinstance(space, gym.spaces.Box):
