@@ -88,6 +88,20 @@ def test_multidiscrete_masks_apply_to_each_part():
     assert torch.allclose(dist.entropy(), torch.zeros(2000), atol=1e-6)
 
 
+def test_a_multidiscrete_of_two_axes_is_masked_part_by_part_in_numpys_order():
+    """MultiDiscrete([[2, 3], [2, 2]], start=1): four parts, their mask entries one part after another as the model's
+    logits lie; a random legal action comes back in the space's shape, from its start."""
+    space = gym.spaces.MultiDiscrete([[2, 3], [2, 2]], start=[[1, 1], [1, 1]])
+    assert mask_size(space) == 9
+    mask = np.array([0, 1, 1, 0, 0, 1, 0, 0, 1])  # part (0,0): choice 1; (0,1): 0; (1,0): 0; (1,1): 1
+    legal = np.array([[2, 1], [1, 2]])
+    for seed in range(5):
+        action = legal_random_action(space, mask, np.random.default_rng(seed))
+        assert action.shape == (2, 2) and np.array_equal(action, legal) and space.contains(action)
+    assert allowed(mask, [2, 3, 2, 2], legal, space.start)
+    assert not allowed(mask, [2, 3, 2, 2], np.array([[1, 1], [1, 2]]), space.start)
+
+
 # ---------------------------------------------------------------------------------------------- spaces and model
 MASKED_SPACE = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (4,), np.float32),
                                 MASK_KEY: gym.spaces.Box(0, 1, (3,), np.int8)})
