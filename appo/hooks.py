@@ -40,6 +40,18 @@ class Hooks:
     def __add__(self, other: Hooks) -> Hooks:
         return Hooks(*(getattr(self, name) + getattr(other, name) for name in HOOK_NAMES))
 
+    def problem(self) -> str | None:
+        """What is not a list of callables here, in a few words (`train(hooks=...)` refuses it before the run); None
+        when nothing is."""
+        for name in HOOK_NAMES:
+            hooks = getattr(self, name)
+            if not isinstance(hooks, list):
+                return f"Hooks({name}=...) must be a list of functions, not a {type(hooks).__name__}"
+            for hook in hooks:
+                if not callable(hook):
+                    return f"Hooks({name}=[...]) holds {hook!r}, which is not callable"
+        return None
+
 
 HOOK_NAMES = ("on_episode_end", "on_learner_iteration", "on_checkpoint", "on_evaluation")
 # What a launcher registered with the decorators below; every run of this process calls them.

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,13 @@ def train(env: str, hooks: Hooks | None = None, **flags: Any) -> TrainResult:
     decorators of appo.hooks. This process runs the runner (call it from the main thread: it handles Ctrl-C) and
     forks the workers. The 'appo' logger is set up for the run's terminal and log file while it runs, and put back as
     it was when it returns or raises, since the caller's process goes on."""
+    if threading.current_thread() is not threading.main_thread():
+        raise ConfigError("train() runs the trainer in its process's main thread, whose signal handlers catch Ctrl-C: "
+                          "call it there, or run python -m appo.train as a process of its own")
+    if hooks is not None:
+        problem = hooks.problem() if isinstance(hooks, Hooks) else f"a {type(hooks).__name__}, not appo.hooks.Hooks"
+        if problem:
+            raise ConfigError(f"hooks: {problem}")
     with logger_restored():
         return run(*parse_keywords({"env": env, **flags}, FLAG_CHECKS), hooks)
 

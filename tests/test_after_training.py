@@ -18,6 +18,7 @@ import torch
 from appo import launch, load_policy, train
 from appo.config.cfg import ConfigError, parse_args, parse_keywords, resolve, save_cfg
 from appo.envs import env_info
+from appo.hooks import Hooks
 from appo.learning.checkpoint import checkpoint_dir, save_checkpoint
 from appo.learning.policy import Policy
 from appo.learning.trained_policy import Episode, PolicyLoadError, summarise
@@ -293,6 +294,36 @@ def test_train_raises_on_bad_flags_and_writes_nothing(tmp_path):
     assert not os.path.exists(tmp_path / "bad")
 
 
+@pytest.mark.parametrize("hooks, expected", [
+    ([print], "hooks: a list, not appo.hooks.Hooks"),
+    (Hooks(on_checkpoint=print), r"hooks: Hooks\(on_checkpoint=...\) must be a list of functions"),
+    (Hooks(on_evaluation=[5]), r"hooks: Hooks\(on_evaluation=\[...\]\) holds 5, which is not callable"),
+])
+def test_hooks_that_cannot_be_called_are_refused_before_anything_is_written(tmp_path, hooks, expected):
+    """They were an AttributeError or TypeError from inside the run, or a traceback per call and a completed run."""
+    with pytest.raises(ConfigError, match=expected):
+        train(env="CartPole-v1", experiment="hooked", train_dir=str(tmp_path), hooks=hooks)
+    assert not os.path.exists(tmp_path / "hooked")
+
+
+def test_train_outside_the_main_thread_is_refused_before_anything_is_written(tmp_path):
+    """Its signal handlers need the main thread: signal.signal raised ValueError after cfg.json and log.txt were
+    written."""
+    raised = []
+
+    def call() -> None:
+        try:
+            train(env="CartPole-v1", experiment="threaded", train_dir=str(tmp_path))
+        except ConfigError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(timeout=30)
+    assert raised and raised[0].startswith("train() runs the trainer in its process's main thread")
+    assert not os.path.exists(tmp_path / "threaded")
+
+
 @pytest.mark.timeout(90)
 def test_train_in_process_leaves_the_interpreters_hooks_and_the_logger_as_they_were(tmp_path):
     """A run in the caller's process, summaries written included, leaves the process-wide exception hooks alone, and
@@ -441,3 +472,12 @@ def test_a_hook_that_raises_stops_the_run_with_its_name(tmp_path, trainer):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RESULT True False the on_checkpoint hook refuse raised RuntimeError: no checkpoints today" in out.stdout
     assert "Traceback" in out.stdout + out.stderr  # logged with the traceback
+
+    # Raised on the final checkpoint, whose report comes in as the run shuts down: it completed before.
+    budget = "save_every_sec=3600, train_for_env_steps=3000"
+    script.write_text(script.read_text().replace("experiment='hooked'", "experiment='hooked_at_the_end'")
+                      .replace("save_every_sec=1, train_for_seconds=60", budget))
+    out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT True False the on_checkpoint hook refuse raised RuntimeError: no checkpoints today" in out.stdout
+    assert not os.path.exists(os.path.join(trainer.train_dir, "hooked_at_the_end", "done"))

@@ -107,7 +107,7 @@ class Runner:
             if self.cfg.benchmark:  # measured before shutdown, so teardown does not count
                 self.write_benchmark()
         finally:
-            self.shutdown(outcome)
+            outcome = self.shutdown(outcome)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
         self._log_final(outcome)
@@ -238,12 +238,15 @@ class Runner:
         return memory
 
     # ---------------------------------------------------------------- shutdown
-    def shutdown(self, outcome: Outcome) -> None:
+    def shutdown(self, outcome: Outcome) -> Outcome:
         """Stop everyone (learners save a checkpoint), join with a deadline, free shared memory; the last summaries,
-        and the trackers' runs end as the run did."""
+        and the trackers' runs end as the run did. Returns how it did: failed where a hook raised on the reports
+        drained here (the final checkpoint's), else `outcome`."""
         self.ctx.control.runner.stop[0] = 1
         self.supervisor.join_all(time.monotonic() + SHUTDOWN_SECONDS, lambda: self._drain_reports(timeout=0.0))
         self._drain_reports(timeout=0.0)
+        if self.hook_failure is not None and not outcome.failed:
+            outcome = failed(self.hook_failure)
         self.report_watch.stop()
         for name in self.ctx.weights_names:
             unlink_segment(name)
@@ -251,6 +254,7 @@ class Runner:
         if self.ratings is not None:
             self.ratings.save(self.exp_dir)
         self.reports.close(run_status(outcome.completed, outcome.failed))
+        return outcome
 
     def write_benchmark(self) -> None:
         """Print the benchmark table and save it as benchmark.json."""
