@@ -131,4 +131,7 @@ def write(results: dict[str, list[Result]], args: argparse.Namespace, minutes: f
     return markdown
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("suite: interrupted (the trainer running was stopped as Ctrl-C stops it)")

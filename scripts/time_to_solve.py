@@ -31,9 +31,11 @@ def main() -> int:
     times = []
     with tempfile.TemporaryDirectory() as train_dir:
         for index in range(args.runs):
+            # --restart=True last: a --train_dir among the trainer's flags may hold a finished solve_<index>, which
+            # would not train again and read as a run that never solved.
             run = run_trainer([f"--train_dir={train_dir}", f"--experiment=solve_{index}",
                                f"--target_reward={args.target}", f"--train_for_seconds={args.limit_s}",
-                               *args.trainer_args])
+                               *args.trainer_args, "--restart=True"])
             if run.returncode == EXIT_BAD_INPUT:  # the trainer refused its flags (run_trainer printed why): so would
                 return EXIT_BAD_INPUT              # every other run
             if run.solved_s is not None:
@@ -49,4 +51,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("time_to_solve: interrupted (the trainer running was stopped as Ctrl-C stops it)")

@@ -3,6 +3,7 @@ benchmark's pure parts: its table from records, resuming, its starts' flags."""
 
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 
 from appo.config.auto import IMAGE_LEARNING
 from appo.config.flags import Config
-from tests.conftest import REPO, leaked_segments, shm_entries
+from tests.conftest import REPO, leaked_segments, shm_entries, wait_for
 from tests.test_reporting import module
 
 
@@ -91,3 +92,36 @@ def test_pbt_suite_lowers_each_tasks_own_default_learning_rate():
     assert pbt_suite.start_flags("lr_low", "catch") == [f"--learning_rate={image_rate:g}"]
     assert pbt_suite.start_flags("lambda_low", "catch") == ["--gae_lambda=0.5"]
     assert pbt_suite.start_flags("default", "catch") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_interrupted_script_stops_its_trainer_as_ctrl_c_does_and_leaves_nothing(tmp_path):
+    """SIGINT to a script that runs trainers (appo.tools.trainer_process.run_trainer), not to the trainer: the
+    trainer was killed with its shared memory left and the script ended in a traceback."""
+    before = shm_entries()
+    log = tmp_path / "solve_0" / "log.txt"
+    script = subprocess.Popen([sys.executable, "scripts/time_to_solve.py", "--runs", "2", "--target", "1000",
+                               "--limit_s", "60", "--", "--env=CartPole-v1", "--num_workers=1",
+                               "--num_envs_per_worker=2", f"--train_dir={tmp_path}"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: log.exists() and re.search(r"p0: v\d+", log.read_text()), 60, "the trainer's first status")
+    script.send_signal(signal.SIGINT)
+    out, err = script.communicate(timeout=60)
+    assert script.returncode == 1 and err.strip().splitlines()[-1] == (
+        "time_to_solve: interrupted (the trainer running was stopped as Ctrl-C stops it)"), err
+    assert "Traceback" not in err and "Summary:" in log.read_text()  # the trainer stopped as on Ctrl-C
+    assert not leaked_segments(before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_time_to_solve_trains_each_run_afresh_in_a_train_dir_given_to_the_trainer(tmp_path):
+    """Run again with the same --train_dir, its finished solve_0 said 'already finished' and the run counted as one
+    that never solved."""
+    command = [sys.executable, "scripts/time_to_solve.py", "--runs", "1", "--target", "30", "--limit_s", "60", "--",
+               "--env=CartPole-v1", "--num_workers=1", "--num_envs_per_worker=2", f"--train_dir={tmp_path}"]
+    for _ in range(2):
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=100)
+        assert done.returncode == 0 and "run 0: " in done.stdout and "s to mean reward >= 30" in done.stdout, \
+            done.stdout + done.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,14 +57,24 @@ def experiment_dir_of(args: list[str]) -> str:
     return os.path.join(flag_value(args, "train_dir"), flag_value(args, "experiment"))
 
 
+STOP_TIMEOUT_S = 60  # how long an interrupted trainer may take to save and exit (it takes 10 s at most on Ctrl-C)
+
+
 def run_trainer(args: list[str]) -> TrainerRun:
     """Run `python -m appo.train ARGS` to its end. A result.json left by an earlier run in the same experiment dir
     (one this launch did not rewrite) is not taken for this run's."""
     path = result_path(experiment_dir_of(args))
     before = os.path.getmtime(path) if os.path.exists(path) else None
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "appo.train", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    with subprocess.Popen([sys.executable, "-m", "appo.train", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as trainer:
+        try:
+            output, _ = trainer.communicate()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGINT to this process alone: the trainer stops as it does on Ctrl-C
+            trainer.send_signal(signal.SIGINT)  # (saves, frees its shared memory), not killed with its segments left
+            trainer.wait(timeout=STOP_TIMEOUT_S)
+            raise
+    done = subprocess.CompletedProcess(trainer.args, trainer.returncode, output)
     seconds = time.monotonic() - start
     result = None
     if os.path.exists(path) and os.path.getmtime(path) != before:
