@@ -788,6 +788,8 @@ def main() -> int:
     except ConfigError as exc:
         parser.error(f"--extra_flags: {exc}")
     if args.report:
+        if not os.path.isdir(args.results):  # a mistyped folder would rewrite the page with every cell "not run yet"
+            parser.error(f"--results={args.results}: no such folder of finished cells")
         print(f"report: {write_report(args.train_dir, args.results, args.out)}", flush=True)
         return 0
     tasks = pick_tasks(args.table, args.tasks, parser)

@@ -93,6 +93,8 @@ def test_load_policy_errors_name_the_path(tmp_path):
     exp_dir = make_experiment(tmp_path, "cartpole", "--env=CartPole-v1")
     with pytest.raises(PolicyLoadError, match=r"no policy 1: the run trained policy 0 \(--policy\)"):
         load_policy(exp_dir, policy_id=1)
+    with pytest.raises(PolicyLoadError, match=r"no policy -1: the run trained policy 0"):
+        load_policy(exp_dir, policy_id=-1)
     # A policy's checkpoint folder stands for that policy of its experiment (appo.versus takes no --policy).
     assert load_policy(os.path.join(exp_dir, "checkpoint_p0")).checkpoint == load_policy(exp_dir).checkpoint
     with pytest.raises(PolicyLoadError, match="no best checkpoint: the run evaluated none"):

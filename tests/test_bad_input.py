@@ -381,6 +381,8 @@ def test_sample_factory_flag_names_are_accepted_and_count_as_given():
     ("bench_sampler.py", ["--", "--bogus=1"], "error: unrecognized arguments: --bogus=1"),
     ("time_to_solve.py", ["--runs", "0"], "error: --runs=0 must be 1 or more"),
     ("time_to_solve.py", ["--runs", "2", "--", "--env=NoSuchEnv-v9"], "error: --env=NoSuchEnv-v9: cannot be made"),
+    ("benchmark.py", ["--report", "--results=no_such_results", "--out=no_such_out"],
+     "error: --results=no_such_results: no such folder of finished cells"),
 ])
 def test_the_measuring_scripts_refuse_bad_input_in_one_line_before_measuring(script, args, expected):
     """The raw limit's processes or the trainer's runs do not start: bench_sampler's raw limit failed in a traceback,

@@ -78,7 +78,7 @@ def find_checkpoint(exp_dir_or_checkpoint: str, policy_id: int = 0) -> tuple[str
     checkpoint = latest_intact_checkpoint(checkpoint_dir(exp_dir, policy_id))
     if checkpoint is None:
         trained = run_cfg(exp_dir).num_policies if os.path.exists(os.path.join(exp_dir, "cfg.json")) else None
-        if trained is not None and policy_id >= trained:
+        if trained is not None and not 0 <= policy_id < trained:
             raise PolicyLoadError(f"{exp_dir}: no policy {policy_id}: the run trained "
                                   f"{'policy 0' if trained == 1 else f'policies 0 to {trained - 1}'} (--policy)")
         raise PolicyLoadError(f"{exp_dir}: no checkpoint of policy {policy_id} in {checkpoint_dir(exp_dir, policy_id)}")
