@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -85,6 +86,18 @@ def test_recurrent_state_is_carried_until_reset(tmp_path, flags):
     assert policy.rnn_states[1].abs().sum() == 0 and policy.rnn_states[0].abs().sum() > 0
     policy.reset()
     assert policy.rnn_states is None
+
+
+def test_act_names_an_observation_of_the_wrong_shape_or_keys(tmp_path):
+    """A CartPole policy takes (4,) or [batch, 4]: other shapes were torch's errors from inside the model."""
+    policy = load_policy(make_experiment(tmp_path, "cartpole", "--env=CartPole-v1"))
+    assert isinstance(policy.act(np.zeros(4, np.float32)), int) and len(policy.act(np.zeros((3, 4), np.float32))) == 3
+    for wrong in (np.zeros((4, 5)), np.zeros((2, 2, 4)), np.float32(1), np.zeros((0, 4))):
+        with pytest.raises(ValueError, match=rf"^act: the observation of shape {re.escape(str(np.shape(wrong)))}, "
+                                             r"where the policy takes \(4,\) \(one\) or \[batch, \*\(4,\)\]"):
+            policy.act(wrong)
+    with pytest.raises(ValueError, match=r"^act: an observation of keys \['state'\], where the policy takes \['obs'\]"):
+        policy.act({"state": np.zeros(4)})
 
 
 def test_load_policy_errors_name_the_path(tmp_path):

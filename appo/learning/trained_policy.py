@@ -33,7 +33,7 @@ from appo.envs.info import extra_stats
 from appo.envs.registry import whole_game_kwargs
 from appo.learning.checkpoint import BEST_NAME, checkpoint_dir, latest_intact_checkpoint, load_checkpoint, parse_name
 from appo.learning.model import ActorCritic
-from appo.spaces import obs_as_dict, obs_spaces, to_env_action
+from appo.spaces import SINGLE_KEY, obs_as_dict, obs_spaces, to_env_action
 from appo.utils.logs import log
 
 
@@ -96,15 +96,13 @@ class TrainedPolicy:
         self.exp_dir, self.checkpoint = exp_dir, checkpoint
         self.version, self.env_steps = version, env_steps  # of the weights (the evaluator moves them on)
         self.rnn_states: torch.Tensor | None = None  # [batch, state size] while a recurrent policy is in use
-        self._obs_ranks = {key: len(space.shape) for key, space in obs_spaces(obs_space).items()}
 
     @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = False) -> Any:
         """Actions for a batch of observations [batch, *obs shape] (a dict of such arrays for Dict spaces): a
         list with one env action per row. A single observation gives a single action."""
         obs = obs_as_dict(obs)
-        key, array = next(iter(obs.items()))
-        single = np.ndim(array) == self._obs_ranks[key]
+        single = self._single(obs)
         tensors = {k: torch.as_tensor(np.asarray(v)[None] if single else np.asarray(v), device=self.device)
                    for k, v in obs.items()}
         batch = next(iter(tensors.values())).shape[0]
@@ -115,6 +113,27 @@ class TrainedPolicy:
         actions = (dist.mode() if deterministic else dist.sample()).cpu().numpy()
         env_actions = [to_env_action(self.action_space, action) for action in actions]
         return env_actions[0] if single else env_actions
+
+    def _single(self, obs: dict[str, Any]) -> bool:
+        """Whether `obs` is one observation (else a batch of them), checked against the policy's spaces: a key
+        missing or of another shape is one ValueError naming it (a shape error deep in the model, before)."""
+        spaces = obs_spaces(self.obs_space)
+        if set(obs) != set(spaces):
+            raise ValueError(f"act: an observation of keys {sorted(obs)}, where the policy takes {sorted(spaces)}")
+        forms = set()
+        for key, space in spaces.items():
+            shape = np.shape(obs[key])
+            if shape == space.shape:
+                forms.add(True)
+            elif len(shape) == len(space.shape) + 1 and shape[1:] == space.shape and shape[0] > 0:
+                forms.add(False)
+            else:
+                name = "the observation" if key == SINGLE_KEY else f"observation {key!r}"
+                raise ValueError(f"act: {name} of shape {shape}, where the policy takes {space.shape} (one) or "
+                                 f"[batch, *{space.shape}] (a batch of at least one)")
+        if len(forms) > 1:
+            raise ValueError("act: some keys hold one observation and others a batch")
+        return forms.pop()
 
     def reset(self, rows: Any = None) -> None:
         """Forget the recurrent state of the given batch rows (an episode there ended), or of all of them."""
