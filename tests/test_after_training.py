@@ -398,6 +398,15 @@ def test_plot_groups_seeds_into_mean_and_range(tmp_path):
     grid, mean, low, high = mean_and_range([read_curve(run, "episode/reward", 0, "env_steps") for run in runs])
     assert grid[0] == 1000 and grid[-1] == 5000  # up to where the shortest run ends
     assert mean[0] == pytest.approx(10.0) and low[0] == 0.0 and high[0] == 20.0
+    import matplotlib.pyplot as plt
+
+    from appo.tools.plot import draw_mean
+
+    single = write_run(tmp_path, "short", [5.0])  # one point: a line of one point draws nothing without its marker
+    figure, ax = plt.subplots()
+    draw_mean(ax, [read_curve(single, "episode/reward", 0, "env_steps")], "short")
+    assert ax.lines[0].get_marker() == "o"
+    plt.close(figure)
 
     out = run_module("appo.plot", *runs, other, f"--out={tmp_path / 'curves.png'}", "--x=seconds")
     assert out.returncode == 0, out.stderr

@@ -80,7 +80,7 @@ def mean_and_range(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 20
 def draw_mean(ax, curves: list[tuple[Any, Any]], label: str) -> None:
     """The curves' mean as one line, the range between the lowest and the highest shaded when there are several."""
     grid, mean, low, high = mean_and_range(curves)
-    (line,) = ax.plot(grid, mean, label=label)
+    (line,) = ax.plot(grid, mean, label=label, marker="o" if len(grid) == 1 else None)  # one point: no line to draw
     if len(curves) > 1:
         ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
 
