@@ -505,3 +505,11 @@ def test_a_hook_that_raises_stops_the_run_with_its_name(tmp_path, trainer):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RESULT True False the on_checkpoint hook refuse raised RuntimeError: no checkpoints today" in out.stdout
     assert not os.path.exists(os.path.join(trainer.train_dir, "hooked_at_the_end", "done"))
+
+    # sys.exit() in a hook left the run without its result.json and summary: it stops the run the same way.
+    script.write_text(script.read_text().replace("raise RuntimeError('no checkpoints today')", "raise SystemExit(3)")
+                      .replace("hooked_at_the_end", "exiting"))
+    out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT True False the on_checkpoint hook refuse raised SystemExit: 3" in out.stdout
+    assert os.path.exists(os.path.join(trainer.train_dir, "exiting", "result.json"))

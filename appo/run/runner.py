@@ -192,8 +192,8 @@ class Runner:
                 return
             try:
                 hook(event)
-            except Exception as exc:
-                log.exception("The %s hook %s raised", name, getattr(hook, "__qualname__", hook))
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() in a hook stops the run the same
+                log.exception("The %s hook %s raised", name, getattr(hook, "__qualname__", hook))  # way, recorded
                 self.hook_failure = (f"the {name} hook {getattr(hook, '__qualname__', hook)} raised "
                                      f"{type(exc).__name__}: {exc}")
 
