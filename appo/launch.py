@@ -213,15 +213,10 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     check_machine(cfg, info)
     for line in auto_lines:
         log.info(line)
-    if cfg.eval_every_env_steps and info.num_agents > 1:
-        log.warning("--eval_every_env_steps plays each policy on every seat of --env=%s and scores the mean over the "
-                    "seats, which a zero-sum game makes 0 whatever the policy; score a game against a fixed player "
-                    "with python -m appo.versus", cfg.env)
+    warn_of_evaluation_by_seats(cfg, info)
     # Everything is valid: only now does the experiment dir change.
     if cfg.restart and os.path.exists(exp_dir):
-        aside = free_path(f"{os.path.normpath(exp_dir)}_before_restart_{time.strftime('%Y%m%d-%H%M%S')}")
-        os.rename(exp_dir, aside)
-        log.info("Restart: moved the old experiment %s aside to %s; starting over", exp_dir, aside)
+        move_aside(exp_dir)
     # --num_policies cannot change on resume
     initial_env_steps = resume_env_steps(exp_dir, cfg.num_policies) if resuming else [0] * cfg.num_policies
     if extended or (resuming and "train_for_env_steps" in given):
@@ -233,6 +228,22 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvInfo, list[str], l
     os.makedirs(exp_dir, exist_ok=True)
     save_cfg(cfg, os.path.join(exp_dir, "cfg.json"))
     return cfg, info, notes, initial_env_steps
+
+
+def warn_of_evaluation_by_seats(cfg: Config, info: EnvInfo) -> None:
+    """The evaluation plays a policy on every seat of a multi-agent env and scores the mean over them: in a zero-sum
+    game that is 0 whatever the policy, and a self-play run's best.pth would keep its first evaluation."""
+    if cfg.eval_every_env_steps and info.num_agents > 1:
+        log.warning("--eval_every_env_steps plays each policy on every seat of --env=%s and scores the mean over the "
+                    "seats, which a zero-sum game makes 0 whatever the policy; score a game against a fixed player "
+                    "with python -m appo.versus", cfg.env)
+
+
+def move_aside(exp_dir: str) -> None:
+    """--restart=True: the old experiment is renamed, never deleted."""
+    aside = free_path(f"{os.path.normpath(exp_dir)}_before_restart_{time.strftime('%Y%m%d-%H%M%S')}")
+    os.rename(exp_dir, aside)
+    log.info("Restart: moved the old experiment %s aside to %s; starting over", exp_dir, aside)
 
 
 def check_spaces_fit(cfg: Config, info: EnvInfo) -> None:
