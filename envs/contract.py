@@ -89,6 +89,7 @@ def describe(value: Any) -> str:
 
 
 def raised(exc: BaseException) -> str:
-    """What an env raised, in one line: the exception's type and the first line of its message."""
+    """What an env raised, in one line: the exception's type and the first line of its message (the rest is often a
+    traceback or a dump the env embeds; appo.tracking.writer.one_line keeps all of a server's short answer instead)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

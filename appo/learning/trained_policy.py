@@ -93,6 +93,7 @@ class TrainedPolicy:
                  version: int = 0, env_steps: int = 0):
         self.model, self.cfg, self.device = model.eval(), cfg, device
         self.obs_space, self.action_space, self.num_agents = obs_space, action_space, num_agents
+        self._obs_spaces = obs_spaces(obs_space)  # what `act` checks each call's observations against
         self.exp_dir, self.checkpoint = exp_dir, checkpoint
         self.version, self.env_steps = version, env_steps  # of the weights (the evaluator moves them on)
         self.rnn_states: torch.Tensor | None = None  # [batch, state size] while a recurrent policy is in use
@@ -117,7 +118,7 @@ class TrainedPolicy:
     def _single(self, obs: dict[str, Any]) -> bool:
         """Whether `obs` is one observation (else a batch of them), checked against the policy's spaces: a key
         missing or of another shape is one ValueError naming it (a shape error deep in the model, before)."""
-        spaces = obs_spaces(self.obs_space)
+        spaces = self._obs_spaces
         if set(obs) != set(spaces):
             raise ValueError(f"act: an observation of keys {sorted(obs)}, where the policy takes {sorted(spaces)}")
         forms = set()
